@@ -1,0 +1,145 @@
+"""Read backends: open a ``TsFileReader`` with a chosen backend captured at open.
+
+tsfile's backend setting is process-global and read when a reader opens (Note: backend capture).
+:func:`open_reader` sets it, opens, and restores the previous value under one lock, so each reader
+keeps the backend it was opened with whatever changes the global later.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import stat
+import sys
+import threading
+from typing import IO, Union
+
+import tsfile
+from tsfile import FileReadBackend, TsFileReader
+
+from .errors import MappingError, TsFileFormatError
+
+__all__ = ["BACKENDS", "Source", "parse_backend", "open_reader", "source_name", "is_mapped"]
+
+#: Backend names and the tsfile setting each stands for.
+BACKENDS: dict[str, FileReadBackend] = {
+    "auto": FileReadBackend.AUTO,
+    "mmap": FileReadBackend.MMAP,
+    "pread": FileReadBackend.PREAD,
+}
+
+Source = Union[str, os.PathLike, IO[bytes]]
+
+_OPEN_LOCK = threading.Lock()
+
+
+def parse_backend(value: object) -> str:
+    """Return the backend name for ``value``.
+
+    Args:
+        value: ``"auto"``, ``"mmap"`` or ``"pread"`` in any case, or a ``tsfile.FileReadBackend``.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    if isinstance(value, FileReadBackend):
+        for name, member in BACKENDS.items():
+            if member == value:
+                return name
+    if isinstance(value, str) and value.lower() in BACKENDS:
+        return value.lower()
+    raise ValueError(
+        f"read_backend must be one of 'auto', 'mmap', 'pread' or a tsfile.FileReadBackend; "
+        f"got {value!r}"
+    )
+
+
+def source_name(source: Source) -> str:
+    """Return a printable name for a path or file object."""
+    if isinstance(source, (str, os.PathLike)):
+        return os.fspath(source)
+    name = getattr(source, "name", None)
+    return name if isinstance(name, str) else f"<{type(source).__name__} object>"
+
+
+def is_mapped(path: str) -> bool:
+    """Return True when ``path`` is memory-mapped in this process (Linux ``/proc/self/maps``)."""
+    real = os.path.realpath(path)
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            return any(line.rstrip("\n").endswith(real) for line in maps)
+    except OSError:
+        return False
+
+
+def _can_map(source: Source) -> bool:
+    if not isinstance(source, (str, os.PathLike)):
+        return False
+    try:
+        return stat.S_ISREG(os.stat(source).st_mode)
+    except OSError:
+        return False
+
+
+def open_reader(source: Source, backend: str) -> tuple[TsFileReader, str]:
+    """Open a reader on ``source`` with ``backend`` captured, and say which backend it really got.
+
+    Args:
+        source: a path to a TsFile or a seekable binary file object.
+        backend: a name accepted by :func:`parse_backend`.
+
+    Returns:
+        The open reader and the backend it really uses: ``"mmap"`` or ``"pread"`` (on Linux this
+        is read from ``/proc/self/maps``; elsewhere it is what was asked for).
+
+    Raises:
+        MappingError: ``backend`` is ``"mmap"`` and the source cannot be mapped (a file object,
+            a pipe or another non-regular file), or the file did not end up mapped.
+        TsFileFormatError: the source is missing or is not a readable TsFile.
+    """
+    backend = parse_backend(backend)
+    name = source_name(source)
+    if backend == "mmap" and not _can_map(source):
+        raise MappingError(
+            f"{name}: read_backend='mmap' needs a path to a regular file, and this source cannot "
+            f"be memory-mapped; pass a file path, or use read_backend='auto' (falls back to "
+            f"pread) or 'pread'"
+        )
+    if isinstance(source, (str, os.PathLike)) and not _can_map(source):
+        if not os.path.exists(source):
+            raise TsFileFormatError(f"{name}: no such file; check the path")
+        raise TsFileFormatError(
+            f"{name}: not a regular file; TsFiles are read from regular files or seekable "
+            f"binary file objects"
+        )
+    if isinstance(source, io.IOBase) and not source.seekable():
+        raise TsFileFormatError(f"{name}: file object is not seekable; TsFileReader needs seek()")
+    target = os.fspath(source) if isinstance(source, os.PathLike) else source
+    with _OPEN_LOCK:
+        previous = tsfile.get_file_read_backend()
+        tsfile.set_file_read_backend(BACKENDS[backend])
+        try:
+            reader = TsFileReader(target)
+        except Exception as err:
+            raise TsFileFormatError(
+                f"{name}: cannot open as a TsFile ({type(err).__name__}: {err}); the file is "
+                f"empty, truncated, not a TsFile, or unreadable"
+            ) from err
+        finally:
+            tsfile.set_file_read_backend(previous)
+    actual = _actual_backend(source, backend)
+    if backend == "mmap" and actual != "mmap":
+        reader.close()
+        raise MappingError(
+            f"{name}: read_backend='mmap' was asked for, but tsfile did not map the file; "
+            f"use read_backend='auto' or 'pread'"
+        )
+    return reader, actual
+
+
+def _actual_backend(source: Source, backend: str) -> str:
+    if backend == "pread" or not _can_map(source):
+        return "pread"
+    if sys.platform.startswith("linux"):
+        return "mmap" if is_mapped(os.fspath(source)) else "pread"
+    return backend if backend == "mmap" else "auto"

@@ -1,0 +1,425 @@
+"""Catalog: files -> series -> columns -> row layout, from TsFile metadata only.
+
+No values are read here. Readers opened to read metadata are closed before this module returns,
+so nothing native crosses a fork (Note: readers live in the process that uses them).
+
+Column order (Note: column order): sources in the order given (a directory's ``*.tsfile`` sorted
+by name, a glob's matches sorted), then devices in the order tsfile's metadata lists them, then
+fields in table-schema order (table model) or metadata order (tree model). A series that continues
+across files keeps the position of its first appearance. When ``columns`` names columns or
+patterns, the result follows that list, each pattern expanding in the order above.
+"""
+
+from __future__ import annotations
+
+import difflib
+import fnmatch
+import glob
+import os
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+from tsfile import TSDataType
+
+from .backend import Source, open_reader, source_name
+from .errors import SchemaError, TsFileFormatError
+
+__all__ = ["NUMERIC_TYPES", "Catalog", "Column", "FileInfo", "ReadGroup", "Shard", "build_catalog",
+           "expand_sources"]
+
+#: tsfile types read as numbers; every other type is left out of ``columns=None``.
+NUMERIC_TYPES = {
+    TSDataType.BOOLEAN: "BOOLEAN",
+    TSDataType.INT32: "INT32",
+    TSDataType.INT64: "INT64",
+    TSDataType.FLOAT: "FLOAT",
+    TSDataType.DOUBLE: "DOUBLE",
+    TSDataType.TIMESTAMP: "TIMESTAMP",
+}
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """One source file: where it is and the size / mtime it had when the catalog was built."""
+
+    index: int
+    source: Source
+    name: str
+    nbytes: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Shard:
+    """The part of one series stored in one file (what ``prepare_series`` needs to find it)."""
+
+    file_index: int
+    device: tuple
+    measurement: str
+    aligned: bool
+    meta_index: int
+    value_offset: int
+    value_length: int
+    time_offset: int
+    time_length: int
+    num_rows: int
+    start_time: int
+    end_time: int
+    start_row: int = 0
+
+
+@dataclass
+class Column:
+    """One selected series: its name, tsfile type, row count, time range and statistics."""
+
+    name: str
+    dtype: str
+    shards: list[Shard] = field(default_factory=list)
+    num_values: int = 0
+    min: float | None = None
+    max: float | None = None
+    sum: float | None = None
+
+    @property
+    def num_rows(self) -> int:
+        """Rows, nulls included (an aligned device's timeline)."""
+        return sum(s.num_rows for s in self.shards)
+
+    @property
+    def start_time(self) -> int:
+        return self.shards[0].start_time
+
+    @property
+    def end_time(self) -> int:
+        return self.shards[-1].end_time
+
+
+@dataclass(frozen=True)
+class ReadGroup:
+    """Columns read by one native call: one device of one file covering the same rows.
+
+    ``columns`` are positions in the output; ``shards`` the matching shards, same order.
+    """
+
+    file_index: int
+    device: tuple
+    aligned: bool
+    start_row: int
+    num_rows: int
+    columns: tuple[int, ...]
+    shards: tuple[Shard, ...]
+
+    @property
+    def stop_row(self) -> int:
+        return self.start_row + self.num_rows
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Everything known about a dataset before reading a value. Picklable, no native handles."""
+
+    files: tuple[FileInfo, ...]
+    columns: tuple[Column, ...]
+    groups: tuple[ReadGroup, ...]
+    num_rows: int
+    start_time: int
+    end_time: int
+
+    @property
+    def column_names(self) -> list[str]:
+        return [c.name for c in self.columns]
+
+    def describe(self) -> list[dict]:
+        """Return one dict per column: name, dtype, rows, values, time range, min, max, mean."""
+        return [
+            {
+                "name": c.name,
+                "dtype": c.dtype,
+                "num_rows": c.num_rows,
+                "num_values": c.num_values,
+                "start_time": c.start_time,
+                "end_time": c.end_time,
+                "min": c.min,
+                "max": c.max,
+                "mean": (c.sum / c.num_values) if c.sum is not None and c.num_values else None,
+                "files": sorted({self.files[s.file_index].name for s in c.shards}),
+            }
+            for c in self.columns
+        ]
+
+
+def expand_sources(sources: Source | Sequence[Source]) -> list[Source]:
+    """Expand paths, directories (their ``*.tsfile``, sorted) and globs into a list of sources.
+
+    Raises:
+        TsFileFormatError: a path does not exist, a directory holds no ``*.tsfile``, a glob
+            matches nothing, or nothing was given.
+    """
+    if isinstance(sources, (str, os.PathLike)) or hasattr(sources, "read"):
+        sources = [sources]
+    if not isinstance(sources, Sequence) or isinstance(sources, (bytes, bytearray)):
+        raise TypeError(
+            f"sources must be a path, a directory, a glob pattern, a binary file object or a "
+            f"list of them; got {type(sources).__name__}"
+        )
+    out: list[Source] = []
+    for src in sources:
+        if hasattr(src, "read"):
+            out.append(src)
+            continue
+        if not isinstance(src, (str, os.PathLike)):
+            raise TypeError(f"each source must be a path or a binary file object; got {src!r}")
+        path = os.fspath(src)
+        if os.path.isdir(path):
+            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.tsfile")))
+            if not found:
+                raise TsFileFormatError(
+                    f"{path}: directory holds no *.tsfile files; point at a directory of "
+                    f"TsFiles, a file, or a glob pattern"
+                )
+            out.extend(found)
+        elif os.path.exists(path):
+            out.append(path)
+        elif glob.has_magic(path):
+            found = sorted(p for p in glob.glob(path) if not os.path.isdir(p))
+            if not found:
+                raise TsFileFormatError(f"{path}: glob pattern matches no files")
+            out.extend(found)
+        else:
+            raise TsFileFormatError(f"{path}: no such file or directory; check the path")
+    if not out:
+        raise TsFileFormatError("no sources given; pass at least one TsFile path")
+    seen: set[str] = set()
+    unique = []
+    for src in out:
+        key = os.path.realpath(src) if isinstance(src, str) else str(id(src))
+        if key not in seen:
+            seen.add(key)
+            unique.append(src)
+    return unique
+
+
+def _device_name(device: tuple) -> str:
+    return ".".join("null" if part is None else str(part) for part in device)
+
+
+def _stat_value(stat, prefix: str):
+    for suffix in ("float64", "int64", "bool"):
+        value = getattr(stat, f"{prefix}_{suffix}", None)
+        if value is not None:
+            return float(value)
+    return None
+
+
+def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
+    """Return the file's info and (name, dtype, shard, statistic) for every field, in order."""
+    name = source_name(source)
+    reader, _ = open_reader(source, "pread")
+    try:
+        try:
+            metadata = reader.get_timeseries_metadata(None)
+            schemas = reader.get_all_table_schemas()
+        except Exception as err:
+            raise TsFileFormatError(
+                f"{name}: cannot read TsFile metadata ({type(err).__name__}: {err}); the file is "
+                f"damaged or not a TsFile"
+            ) from err
+    finally:
+        reader.close()
+    if isinstance(source, (str, os.PathLike)):
+        st = os.stat(source)
+        info = FileInfo(index, os.fspath(source), name, st.st_size, st.st_mtime_ns)
+    else:
+        pos = source.tell()
+        nbytes = source.seek(0, os.SEEK_END)
+        source.seek(pos)
+        info = FileInfo(index, source, name, nbytes, 0)
+    fields = []
+    for device, group in metadata.items():
+        order = {ts.measurement_name: i for i, ts in enumerate(group.timeseries)}
+        table = schemas.get(group.table_name) if schemas else None
+        if table is not None:
+            declared = [c.get_column_name() for c in table.get_columns()]
+            order = {m: declared.index(m) if m in declared else len(declared) + i
+                     for m, i in order.items()}
+        for j, ts in sorted(enumerate(group.timeseries), key=lambda it: order[it[1].measurement_name]):
+            aligned = bool(ts.layout)
+            timeline = ts.timeline_statistic if aligned else ts.statistic
+            shard = Shard(
+                file_index=index,
+                device=tuple(device),
+                measurement=ts.measurement_name,
+                aligned=aligned,
+                meta_index=j,
+                value_offset=ts.value_metadata_offset,
+                value_length=ts.value_metadata_length,
+                time_offset=ts.time_metadata_offset,
+                time_length=ts.time_metadata_length,
+                num_rows=timeline.row_count,
+                start_time=timeline.start_time,
+                end_time=timeline.end_time,
+            )
+            dtype = NUMERIC_TYPES.get(ts.data_type, ts.data_type.name)
+            fields.append((f"{_device_name(device)}.{ts.measurement_name}", dtype, shard,
+                           ts.statistic))
+    return info, fields
+
+
+def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> list[Column]:
+    numeric = [c for c in all_columns.values() if c.dtype in NUMERIC_TYPES.values()]
+    if requested is None:
+        if not numeric:
+            raise SchemaError("the sources hold no numeric fields (BOOLEAN, INT32, INT64, FLOAT, "
+                              "DOUBLE, TIMESTAMP); nothing to read")
+        return numeric
+    if isinstance(requested, str):
+        requested = [requested]
+    chosen: dict[str, Column] = {}
+    for item in requested:
+        if not isinstance(item, str):
+            raise TypeError(f"columns must be names or glob patterns (str); got {item!r}")
+        if item in all_columns:
+            col = all_columns[item]
+            if col.dtype not in NUMERIC_TYPES.values():
+                raise SchemaError(
+                    f"column {item!r} has type {col.dtype}, which does not read as a number; "
+                    f"numeric types are {', '.join(NUMERIC_TYPES.values())}: leave it out"
+                )
+            chosen.setdefault(item, col)
+            continue
+        matches = [c for c in all_columns.values() if fnmatch.fnmatchcase(c.name, item)]
+        numeric_matches = [c for c in matches if c.dtype in NUMERIC_TYPES.values()]
+        if not matches:
+            close = difflib.get_close_matches(item, list(all_columns), n=5, cutoff=0.5)
+            hint = f"; close names: {', '.join(close)}" if close else ""
+            raise SchemaError(f"column {item!r} matches no series in the sources{hint}")
+        if not numeric_matches:
+            raise SchemaError(
+                f"pattern {item!r} matches only non-numeric columns "
+                f"({', '.join(c.name + ':' + c.dtype for c in matches[:5])}); those are left out"
+            )
+        for col in numeric_matches:
+            chosen.setdefault(col.name, col)
+    return list(chosen.values())
+
+
+def _place_shards(col: Column, files: Sequence[FileInfo]) -> None:
+    col.shards.sort(key=lambda s: (s.start_time, s.file_index))
+    start = 0
+    placed = []
+    for prev, shard in zip([None, *col.shards[:-1]], col.shards):
+        if prev is not None and shard.start_time <= prev.end_time:
+            raise SchemaError(
+                f"column {col.name!r}: time ranges overlap between {files[prev.file_index].name} "
+                f"[{prev.start_time}, {prev.end_time}] and {files[shard.file_index].name} "
+                f"[{shard.start_time}, {shard.end_time}]; shards of a series must not overlap"
+            )
+        placed.append(_replace(shard, start_row=start))
+        start += shard.num_rows
+    col.shards[:] = placed
+
+
+def _replace(shard: Shard, **changes) -> Shard:
+    from dataclasses import replace
+
+    return replace(shard, **changes)
+
+
+def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:
+    buckets: dict[tuple, list[tuple[int, Shard]]] = {}
+    for pos, col in enumerate(columns):
+        for shard in col.shards:
+            if shard.aligned:
+                key = (shard.file_index, shard.device, True, shard.start_row, shard.num_rows)
+            else:
+                key = (shard.file_index, shard.device, False, shard.start_row, pos)
+            buckets.setdefault(key, []).append((pos, shard))
+    groups = []
+    for key, members in buckets.items():
+        first = members[0][1]
+        groups.append(ReadGroup(
+            file_index=first.file_index,
+            device=first.device,
+            aligned=first.aligned,
+            start_row=first.start_row,
+            num_rows=first.num_rows,
+            columns=tuple(p for p, _ in members),
+            shards=tuple(s for _, s in members),
+        ))
+    groups.sort(key=lambda g: (g.file_index, g.start_row, g.columns))
+    return tuple(groups)
+
+
+def build_catalog(sources: Source | Sequence[Source], columns: Sequence[str] | str | None = None,
+                  ) -> Catalog:
+    """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
+
+    Args:
+        sources: paths, directories, glob patterns or binary file objects (see
+            :func:`expand_sources`).
+        columns: ``None`` for every numeric field, else exact names or glob patterns.
+
+    Raises:
+        TsFileFormatError: a source is missing or not a readable TsFile.
+        SchemaError: a column is unknown or not numeric, shards overlap, or the selected columns
+            do not share one timeline.
+    """
+    expanded = expand_sources(sources)
+    files: list[FileInfo] = []
+    all_columns: dict[str, Column] = {}
+    for index, source in enumerate(expanded):
+        info, fields = _read_file(index, source)
+        files.append(info)
+        for name, dtype, shard, stat in fields:
+            col = all_columns.setdefault(name, Column(name, dtype))
+            if col.dtype != dtype:
+                raise SchemaError(
+                    f"column {name!r} is {col.dtype} in one file and {dtype} in {info.name}; a "
+                    f"series must keep one type across files"
+                )
+            col.shards.append(shard)
+            _add_statistic(col, stat)
+    if not all_columns:
+        raise TsFileFormatError(
+            f"{', '.join(f.name for f in files)}: no series in the sources; the TsFiles are empty"
+        )
+    selected = _select(all_columns, columns)
+    for col in selected:
+        _place_shards(col, files)
+    _check_timeline(selected)
+    first = selected[0]
+    return Catalog(
+        files=tuple(files),
+        columns=tuple(selected),
+        groups=_make_groups(selected),
+        num_rows=first.num_rows,
+        start_time=first.start_time,
+        end_time=first.end_time,
+    )
+
+
+def _add_statistic(col: Column, stat) -> None:
+    if not getattr(stat, "has_statistic", False):
+        return
+    col.num_values += stat.row_count
+    low, high, total = _stat_value(stat, "min"), _stat_value(stat, "max"), getattr(stat, "sum", None)
+    if low is not None:
+        col.min = low if col.min is None else min(col.min, low)
+    if high is not None:
+        col.max = high if col.max is None else max(col.max, high)
+    if total is not None:
+        col.sum = float(total) if col.sum is None else col.sum + float(total)
+
+
+def _check_timeline(columns: Iterable[Column]) -> None:
+    columns = list(columns)
+    ref = columns[0]
+    for col in columns[1:]:
+        if (col.num_rows, col.start_time, col.end_time) != (ref.num_rows, ref.start_time,
+                                                            ref.end_time):
+            raise SchemaError(
+                f"columns do not share one timeline: {ref.name!r} has {ref.num_rows} rows in "
+                f"[{ref.start_time}, {ref.end_time}], {col.name!r} has {col.num_rows} rows in "
+                f"[{col.start_time}, {col.end_time}]; select columns with equal timestamps "
+                f"(time-aligned joins are not supported yet)"
+            )

@@ -1,0 +1,24 @@
+"""Error types raised by tsfile-torch.
+
+Every error names the file, column or argument at fault, the rule that was broken and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = ["TsFileTorchError", "TsFileFormatError", "MappingError", "SchemaError"]
+
+
+class TsFileTorchError(Exception):
+    """Base class of every error raised by tsfile-torch."""
+
+
+class TsFileFormatError(TsFileTorchError):
+    """A source is missing, unreadable, not a TsFile, truncated or changed while in use."""
+
+
+class MappingError(TsFileTorchError):
+    """The ``mmap`` read backend was asked for a source that cannot be memory-mapped."""
+
+
+class SchemaError(TsFileTorchError):
+    """The selected columns cannot form one table: unknown, non-numeric or misaligned columns."""

@@ -1,0 +1,117 @@
+"""DatasetOptions: every dataset setting in one frozen dataclass, validated once.
+
+Datasets, the CLI and the benchmarks build their settings through :class:`DatasetOptions`, so an
+argument is checked in one place with one message.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from .backend import parse_backend
+from .reader import DEFAULT_BLOCK_ROWS
+
+__all__ = ["CACHE_MODES", "DatasetOptions"]
+
+#: ``none``: streaming; decoded blocks live in a bounded cache emptied at each epoch.
+#: ``memory``: every decoded block is kept in the process across epochs (decode once).
+CACHE_MODES = ("none", "memory")
+
+_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+
+
+def _positive_int(name: str, value: Any, allow_none: bool = False, allow_zero: bool = False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} should be a positive integer value, but got {name}={value!r}")
+    if value < 0 or (value == 0 and not allow_zero):
+        raise ValueError(f"{name} should be a positive integer value, but got {name}={value!r}")
+    return value
+
+
+def _bool(name: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
+    return value
+
+
+def _dtype_name(value: Any) -> str:
+    name = str(value).replace("torch.", "")
+    if name not in _FLOAT_DTYPES:
+        raise ValueError(f"dtype must be one of torch.float16, torch.bfloat16, torch.float32, "
+                         f"torch.float64; got {value!r}")
+    return name
+
+
+@dataclass(frozen=True)
+class DatasetOptions:
+    """Settings shared by every tsfile-torch dataset.
+
+    Attributes:
+        columns: ``None`` for every numeric field, else exact names or glob patterns.
+        batch_size: rows per batch.
+        shuffle: batches in a (seed, epoch) permutation instead of row order.
+        seed: seed of every random choice.
+        drop_last: leave out the last, shorter batch.
+        read_backend: ``"auto"``, ``"mmap"`` or ``"pread"``.
+        dtype: name of the torch floating dtype of batches (``"float32"``...).
+        random_batches: if set, each epoch is this many windows of ``batch_size`` rows starting
+            at uniformly random rows, instead of a pass over the rows.
+        cache: one of :data:`CACHE_MODES`.
+        cache_bytes: block-cache budget per process for ``cache="none"`` (``None``: default).
+        block_rows: rows decoded per native call.
+        return_timestamps: yield ``(values, timestamps)`` instead of ``values``.
+    """
+
+    columns: tuple[str, ...] | None = None
+    batch_size: int = 8192
+    shuffle: bool = False
+    seed: int = 0
+    drop_last: bool = False
+    read_backend: str = "auto"
+    dtype: str = "float32"
+    random_batches: int | None = None
+    cache: str = "none"
+    cache_bytes: int | None = None
+    block_rows: int = DEFAULT_BLOCK_ROWS
+    return_timestamps: bool = False
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        cols = self.columns
+        if isinstance(cols, str):
+            cols = (cols,)
+        if cols is not None:
+            if not isinstance(cols, (list, tuple)) or not cols:
+                raise ValueError(f"columns must be None or a non-empty list of names / glob "
+                                 f"patterns; got {self.columns!r}")
+            for c in cols:
+                if not isinstance(c, str):
+                    raise TypeError(f"columns must hold str names or patterns; got {c!r}")
+            cols = tuple(cols)
+        set_("columns", cols)
+        _positive_int("batch_size", self.batch_size)
+        _bool("shuffle", self.shuffle)
+        _bool("drop_last", self.drop_last)
+        _bool("return_timestamps", self.return_timestamps)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
+            raise TypeError(f"seed should be a non-negative integer, but got seed={self.seed!r}")
+        set_("read_backend", parse_backend(self.read_backend))
+        set_("dtype", _dtype_name(self.dtype))
+        _positive_int("random_batches", self.random_batches, allow_none=True)
+        if self.cache not in CACHE_MODES:
+            raise ValueError(f"cache must be one of {', '.join(map(repr, CACHE_MODES))}; "
+                             f"got {self.cache!r}")
+        _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
+        _positive_int("block_rows", self.block_rows)
+        if self.random_batches is not None and self.shuffle:
+            raise ValueError("random_batches draws random windows already; shuffle=True cannot "
+                             "be combined with it: leave shuffle=False")
+
+    def replace(self, **changes) -> "DatasetOptions":
+        """Return a copy with ``changes`` applied and validated."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        values.update(changes)
+        return DatasetOptions(**values)

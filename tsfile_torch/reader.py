@@ -1,0 +1,321 @@
+"""BatchReader: reads rows ``[start_row, stop_row)`` of every selected column into one array.
+
+Per process, readers open lazily (Note: readers live in the process that uses them) and stay
+open until :meth:`BatchReader.close`; each read group (one device of one file) is prepared once
+with ``prepare_series`` and read with one native ``query_prepared_multi`` call per block.
+
+Blocks (Note: block cache): a group is decoded ``block_rows`` rows at a time and the decoded
+block is kept in a bounded LRU cache of ``cache_bytes``, so consecutive batches and overlapping
+random windows do not decode the same pages again. :meth:`BatchReader.clear_cache` drops the
+decoded values and keeps the readers (a streaming epoch starts that way).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .backend import is_mapped, open_reader
+from .catalog import Catalog, ReadGroup
+from .errors import SchemaError, TsFileFormatError
+
+__all__ = ["BatchReader", "DEFAULT_BLOCK_ROWS", "default_cache_bytes"]
+
+logger = logging.getLogger(__name__)
+
+#: Rows decoded per native call and per cache entry; tsfile itself returns 65,536-row blocks.
+DEFAULT_BLOCK_ROWS = 65536
+_MIN_CACHE_BYTES = 64 << 20
+
+
+def default_cache_bytes(catalog: Catalog, itemsize: int, block_rows: int) -> int:
+    """Return the default block-cache budget: two blocks of every group, at least 64 MiB.
+
+    One block of every group is ``block_rows * (num_columns * itemsize + 8 * num_groups)``
+    bytes (values plus timestamps); two let a batch that straddles a block boundary be served
+    without decoding either block twice.
+    """
+    one = block_rows * (len(catalog.columns) * itemsize + 8 * len(catalog.groups))
+    return max(_MIN_CACHE_BYTES, 2 * one)
+
+
+@dataclass
+class _Block:
+    times: np.ndarray  # int64 (n,)
+    values: np.ndarray  # (k, n) in the output dtype
+
+    @property
+    def nbytes(self) -> int:
+        return self.times.nbytes + self.values.nbytes
+
+
+class BatchReader:
+    """Read row ranges of a :class:`~tsfile_torch.catalog.Catalog` through open TsFile readers.
+
+    Args:
+        catalog: what to read.
+        read_backend: ``"auto"``, ``"mmap"`` or ``"pread"``, captured when each reader opens.
+        dtype: numpy dtype of the output (float32 or float64).
+        block_rows: rows decoded per native call.
+        cache_bytes: budget of the decoded-block cache; ``None`` for
+            :func:`default_cache_bytes`, ``0`` to decode exactly the rows asked for.
+    """
+
+    def __init__(self, catalog: Catalog, read_backend: str = "auto", dtype=np.float32,
+                 block_rows: int = DEFAULT_BLOCK_ROWS, cache_bytes: int | None = None):
+        self.catalog = catalog
+        self.read_backend = read_backend
+        self.dtype = np.dtype(dtype)
+        self.block_rows = block_rows
+        self.cache_bytes = (default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
+                            if cache_bytes is None else cache_bytes)
+        self.pid = os.getpid()
+        #: Native opens done by this reader (a test of reuse across epochs reads it).
+        self.open_count = 0
+        #: File index -> backend the open reader really uses ("mmap" or "pread").
+        self.backends: dict[int, str] = {}
+        self._readers: dict[int, object] = {}
+        self._prepared: dict[int, list] = {}
+        self._cache: OrderedDict[tuple[int, int], _Block] = OrderedDict()
+        self._cached_bytes = 0
+        self._ref_groups = {i for i, g in enumerate(catalog.groups) if 0 in g.columns}
+        self._read_order = sorted(range(len(catalog.groups)), key=lambda i: i not in self._ref_groups)
+
+    # -- lifetime -------------------------------------------------------------------------
+    def __getstate__(self):
+        raise TypeError("BatchReader holds native readers and cannot be pickled; pickle the "
+                        "dataset instead, which drops its reader")
+
+    @property
+    def num_open(self) -> int:
+        return len(self._readers)
+
+    @property
+    def cached_bytes(self) -> int:
+        return self._cached_bytes
+
+    def close(self) -> None:
+        """Close every reader and drop decoded blocks."""
+        self._prepared.clear()
+        for reader in self._readers.values():
+            try:
+                reader.close()
+            except Exception:  # noqa: BLE001 - closing is best effort
+                logger.debug("closing a reader failed", exc_info=True)
+        self._readers.clear()
+        self.backends.clear()
+        self.clear_cache()
+
+    def clear_cache(self) -> None:
+        self._cache.clear()
+        self._cached_bytes = 0
+
+    def check_unchanged(self) -> None:
+        """Raise if a source file's size or mtime differs from when the catalog was built.
+
+        A mapped file must not be modified or truncated while mapped (upstream's rule): failing
+        here replaces a SIGBUS or silently wrong rows with a clear error.
+        """
+        for info in self.catalog.files:
+            if not isinstance(info.source, str):
+                continue
+            try:
+                st = os.stat(info.source)
+            except OSError as err:
+                raise TsFileFormatError(f"{info.name}: file disappeared while in use ({err}); "
+                                        f"rebuild the dataset") from err
+            if (st.st_size, st.st_mtime_ns) != (info.nbytes, info.mtime_ns):
+                raise TsFileFormatError(
+                    f"{info.name}: file changed while in use (size {info.nbytes} -> "
+                    f"{st.st_size}, mtime changed: {st.st_mtime_ns != info.mtime_ns}); files must "
+                    f"not be modified while a dataset reads them: rebuild the dataset"
+                )
+
+    def _reader(self, file_index: int):
+        if self.pid != os.getpid():
+            raise RuntimeError("BatchReader used in a process other than the one that created "
+                               "it; create a new BatchReader per process")
+        reader = self._readers.get(file_index)
+        if reader is None:
+            info = self.catalog.files[file_index]
+            if not isinstance(info.source, str):
+                info.source.seek(0)
+            reader, actual = open_reader(info.source, self.read_backend)
+            self.open_count += 1
+            self._readers[file_index] = reader
+            self.backends[file_index] = actual
+            logger.debug("opened %s with backend %s (pid %d)", info.name, actual, self.pid)
+        return reader
+
+    def _handles(self, group_index: int) -> list:
+        handles = self._prepared.get(group_index)
+        if handles is None:
+            group = self.catalog.groups[group_index]
+            info = self.catalog.files[group.file_index]
+            reader = self._reader(group.file_index)
+            handles, owner = [], None
+            for shard in group.shards:
+                locator = (0, group.file_index, info.nbytes, 0, shard.meta_index, int(shard.aligned),
+                           0, shard.value_offset, shard.value_length, shard.time_offset,
+                           shard.time_length)
+                try:
+                    handle = reader.prepare_series(locator, time_owner=owner, trust_index=True)
+                except Exception as err:
+                    raise TsFileFormatError(
+                        f"{info.name}: cannot prepare series {shard.measurement!r} of device "
+                        f"{'.'.join(map(str, shard.device))} ({type(err).__name__}: {err})"
+                    ) from err
+                if group.aligned and owner is None:
+                    owner = handle
+                handles.append(handle)
+            self._prepared[group_index] = handles
+        return handles
+
+    def mapped_files(self) -> dict[str, bool]:
+        """Return, per open file path, whether it is mapped in this process right now."""
+        return {self.catalog.files[i].name: is_mapped(self.catalog.files[i].name)
+                for i in self._readers if isinstance(self.catalog.files[i].source, str)}
+
+    # -- decoding -------------------------------------------------------------------------
+    def _decode(self, group_index: int, start: int, num_rows: int) -> _Block:
+        """Decode local rows [start, start + num_rows) of one group."""
+        group = self.catalog.groups[group_index]
+        reader = self._reader(group.file_index)
+        handles = self._handles(group_index)
+        times = np.empty(num_rows, dtype=np.int64)
+        values = np.empty((len(handles), num_rows), dtype=self.dtype)
+        pos = 0
+        try:
+            if group.aligned:
+                results = [reader.query_prepared_multi(handles, offset=start, limit=num_rows)]
+            else:
+                results = [reader.query_prepared(h, offset=start, limit=num_rows) for h in handles]
+            for k0, result in enumerate(results):
+                pos = 0
+                with result:
+                    while (batch := result.read_arrow_record_batch()) is not None:
+                        n = batch.num_rows
+                        if pos + n > num_rows:
+                            raise TsFileFormatError(self._lost(group, start, num_rows, pos + n))
+                        if k0 == 0:
+                            times[pos:pos + n] = batch.column(0).to_numpy(zero_copy_only=False)
+                        elif not np.array_equal(times[pos:pos + n], batch.column(0).to_numpy()):
+                            raise SchemaError(self._misaligned(group, start + pos))
+                        for k in range(1, batch.num_columns):
+                            values[k0 + k - 1, pos:pos + n] = _as_float(batch.column(k))
+                        pos += n
+                if pos != num_rows:
+                    raise TsFileFormatError(self._lost(group, start, num_rows, pos))
+        except (TsFileFormatError, SchemaError):
+            raise
+        except Exception as err:
+            info = self.catalog.files[group.file_index]
+            raise TsFileFormatError(
+                f"{info.name}: reading rows [{start}, {start + num_rows}) of device "
+                f"{'.'.join(map(str, group.device))} failed ({type(err).__name__}: {err}); the "
+                f"file may be damaged or changed while in use"
+            ) from err
+        return _Block(times, values)
+
+    def _lost(self, group: ReadGroup, start: int, num_rows: int, got: int) -> str:
+        info = self.catalog.files[group.file_index]
+        return (f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows for "
+                f"rows [{start}, {start + num_rows}), expected {num_rows}; metadata and data "
+                f"disagree (damaged or changed file)")
+
+    def _misaligned(self, group: ReadGroup, row: int) -> str:
+        names = [self.catalog.columns[c].name for c in group.columns]
+        return (f"columns {names} do not share timestamps with column "
+                f"{self.catalog.columns[0].name!r} near row {row}; select columns with equal "
+                f"timestamps (time-aligned joins are not supported yet)")
+
+    def _block(self, group_index: int, block: int) -> _Block:
+        key = (group_index, block)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        group = self.catalog.groups[group_index]
+        start = block * self.block_rows
+        data = self._decode(group_index, start, min(self.block_rows, group.num_rows - start))
+        if data.nbytes <= self.cache_bytes:
+            self._cache[key] = data
+            self._cached_bytes += data.nbytes
+            while self._cached_bytes > self.cache_bytes:
+                _, old = self._cache.popitem(last=False)
+                self._cached_bytes -= old.nbytes
+        return data
+
+    def _pieces(self, group_index: int, start_row: int, stop_row: int):
+        """Yield (out_start, local_start, local_stop, block) covering the group's rows."""
+        group = self.catalog.groups[group_index]
+        lo, hi = max(start_row, group.start_row), min(stop_row, group.stop_row)
+        if lo >= hi:
+            return
+        local_lo, local_hi = lo - group.start_row, hi - group.start_row
+        if self.cache_bytes == 0:
+            yield lo - start_row, 0, hi - lo, self._decode(group_index, local_lo, hi - lo)
+            return
+        for block in range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1):
+            b0 = block * self.block_rows
+            a, b = max(local_lo, b0), min(local_hi, b0 + self.block_rows)
+            yield group.start_row + a - start_row, a - b0, b - b0, self._block(group_index, block)
+
+    def read(self, start_row: int, stop_row: int, out: np.ndarray | None = None,
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """Read rows ``[start_row, stop_row)`` of every column.
+
+        Args:
+            start_row: first row, ``0 <= start_row < stop_row <= catalog.num_rows``.
+            stop_row: one past the last row.
+            out: optional C-contiguous ``(stop_row - start_row, num_columns)`` array to fill.
+
+        Returns:
+            ``(values, timestamps)``: values ``(rows, columns)`` in ``dtype``, nulls as NaN;
+            timestamps int64 ``(rows,)``.
+
+        Raises:
+            ValueError: the range is outside ``[0, num_rows]`` or empty.
+            SchemaError: columns disagree on the timestamp of a row.
+            TsFileFormatError: a file cannot be read or returned fewer rows than its metadata.
+        """
+        if not 0 <= start_row < stop_row <= self.catalog.num_rows:
+            raise ValueError(f"row range [{start_row}, {stop_row}) is outside the dataset's "
+                             f"{self.catalog.num_rows} rows or empty")
+        n = stop_row - start_row
+        ncols = len(self.catalog.columns)
+        if out is None:
+            out = np.empty((n, ncols), dtype=self.dtype)
+        elif out.shape != (n, ncols) or out.dtype != self.dtype:
+            raise ValueError(f"out must have shape {(n, ncols)} and dtype {self.dtype}; got "
+                             f"{out.shape} {out.dtype}")
+        times = np.empty(n, dtype=np.int64)
+        for gi in self._read_order:
+            group = self.catalog.groups[gi]
+            cols = group.columns
+            contiguous = cols == tuple(range(cols[0], cols[0] + len(cols)))
+            target = slice(cols[0], cols[0] + len(cols)) if contiguous else list(cols)
+            for o, a, b, block in self._pieces(gi, start_row, stop_row):
+                m = b - a
+                if gi in self._ref_groups:
+                    times[o:o + m] = block.times[a:b]
+                elif not np.array_equal(times[o:o + m], block.times[a:b]):
+                    raise SchemaError(self._misaligned(group, start_row + o))
+                out[o:o + m, target] = block.values[:, a:b].T
+        return out, times
+
+
+def _as_float(column: pa.Array) -> np.ndarray:
+    """Return an Arrow numeric column as a float numpy array, nulls as NaN."""
+    kind = column.type
+    if pa.types.is_floating(kind):
+        return column.to_numpy(zero_copy_only=False)
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        column = column.cast(pa.int64())
+    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)

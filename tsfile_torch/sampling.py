@@ -1,0 +1,72 @@
+"""Batch order and sharding: pure functions of integers, no I/O, no torch.
+
+Every order is a function of (seed, epoch, rank, world_size, worker, num_workers) alone
+(Note: order is pure), so two processes that agree on those agree on every batch.
+
+Sharding rules:
+- Across DDP ranks the epoch's items are dealt round-robin (``items[rank::world_size]``), after
+  padding by wrapping around (``drop_last=False``) or truncating (``drop_last=True``) to a
+  multiple of ``world_size``: every rank gets the same count, so collective ops never hang.
+- Across DataLoader workers of one rank the rank's items are cut into contiguous runs, one per
+  worker: each worker reads neighbouring rows, which keeps its block cache warm. The DataLoader
+  then interleaves the workers' runs, so with ``num_workers > 1`` and ``shuffle=False`` batches
+  are in row order within each worker's run, not globally.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["batch_starts", "epoch_items", "random_window_starts", "shard_for_rank",
+           "shard_for_worker", "num_batches"]
+
+
+def num_batches(num_rows: int, batch_size: int, drop_last: bool) -> int:
+    """Return how many batches ``num_rows`` rows make (the last partial one unless drop_last)."""
+    return num_rows // batch_size if drop_last else -(-num_rows // batch_size)
+
+
+def batch_starts(num_rows: int, batch_size: int, drop_last: bool) -> np.ndarray:
+    """Return the first row of each batch, in row order."""
+    return np.arange(num_batches(num_rows, batch_size, drop_last), dtype=np.int64) * batch_size
+
+
+def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
+    return np.random.default_rng([seed, epoch, stream])
+
+
+def epoch_items(count: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
+    """Return item indices ``0..count-1`` for one epoch: in order, or a (seed, epoch) permutation."""
+    if not shuffle:
+        return np.arange(count, dtype=np.int64)
+    return _rng(seed, epoch, 0).permutation(count).astype(np.int64)
+
+
+def random_window_starts(num_rows: int, batch_size: int, count: int, seed: int,
+                         epoch: int) -> np.ndarray:
+    """Return ``count`` window starts drawn uniformly from ``[0, num_rows - batch_size]``.
+
+    A dataset shorter than one batch gives windows starting at 0 (one short window each).
+    """
+    high = max(num_rows - batch_size, 0)
+    return _rng(seed, epoch, 1).integers(0, high + 1, size=count, dtype=np.int64)
+
+
+def shard_for_rank(items: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
+    """Return the items of one DDP rank; every rank gets the same count (see module notes)."""
+    if world_size == 1:
+        return items
+    if drop_last:
+        items = items[: len(items) - len(items) % world_size]
+    elif len(items) % world_size and len(items):
+        pad = world_size - len(items) % world_size
+        items = np.concatenate([items, np.resize(items, pad)])
+    return items[rank::world_size]
+
+
+def shard_for_worker(items: np.ndarray, worker: int, num_workers: int) -> np.ndarray:
+    """Return the contiguous run of ``items`` that DataLoader worker ``worker`` produces."""
+    if num_workers == 1:
+        return items
+    bounds = np.linspace(0, len(items), num_workers + 1).round().astype(np.int64)
+    return items[bounds[worker]: bounds[worker + 1]]
