@@ -17,9 +17,10 @@ from typing import IO, Union
 import tsfile
 from tsfile import FileReadBackend, TsFileReader
 
-from .errors import MappingError, TsFileFormatError
+from .errors import MappingError, TsFileFormatError, TsFileTorchError
 
-__all__ = ["BACKENDS", "Source", "parse_backend", "open_reader", "source_name", "is_mapped"]
+__all__ = ["BACKENDS", "Source", "parse_backend", "check_backend", "open_reader", "source_name",
+           "is_mapped"]
 
 #: Backend names and the tsfile setting each stands for.
 BACKENDS: dict[str, FileReadBackend] = {
@@ -31,6 +32,24 @@ BACKENDS: dict[str, FileReadBackend] = {
 Source = Union[str, os.PathLike, IO[bytes]]
 
 _OPEN_LOCK = threading.Lock()
+
+# Note: tsfile and fork. Opening a TsFileReader starts tsfile's native decode thread pool
+# (tsfile 2.5.0: 6 threads). Threads do not survive fork(), so a child forked after that
+# deadlocks in AlignedChunkReader::decode_all_planned_pages the first time it decodes a page
+# (measured: a forked DataLoader worker hangs forever). We remember which process started the
+# pool and refuse to open readers in a forked child of it: an error instead of a hang.
+# make_loader starts workers with "forkserver" (spawn where unavailable) for this reason.
+_POOL_PID: int | None = None
+
+
+def _check_fork_safety(name: str) -> None:
+    if _POOL_PID is not None and _POOL_PID != os.getpid():
+        raise TsFileTorchError(
+            f"{name}: this process was forked from process {_POOL_PID} after that process had "
+            f"opened TsFile readers; tsfile's native thread pool does not survive fork() and "
+            f"reading here would hang. Start DataLoader workers with "
+            f"multiprocessing_context='forkserver' or 'spawn' (tsfile_torch.make_loader does)"
+        )
 
 
 def parse_backend(value: object) -> str:
@@ -81,6 +100,16 @@ def _can_map(source: Source) -> bool:
         return False
 
 
+def check_backend(source: Source, backend: str) -> None:
+    """Raise :class:`MappingError` when ``backend`` is ``"mmap"`` and ``source`` cannot be mapped."""
+    if parse_backend(backend) == "mmap" and not _can_map(source):
+        raise MappingError(
+            f"{source_name(source)}: read_backend='mmap' needs a path to a regular file, and "
+            f"this source cannot be memory-mapped; pass a file path, or use read_backend='auto' "
+            f"(falls back to pread) or 'pread'"
+        )
+
+
 def open_reader(source: Source, backend: str) -> tuple[TsFileReader, str]:
     """Open a reader on ``source`` with ``backend`` captured, and say which backend it really got.
 
@@ -99,12 +128,7 @@ def open_reader(source: Source, backend: str) -> tuple[TsFileReader, str]:
     """
     backend = parse_backend(backend)
     name = source_name(source)
-    if backend == "mmap" and not _can_map(source):
-        raise MappingError(
-            f"{name}: read_backend='mmap' needs a path to a regular file, and this source cannot "
-            f"be memory-mapped; pass a file path, or use read_backend='auto' (falls back to "
-            f"pread) or 'pread'"
-        )
+    check_backend(source, backend)
     if isinstance(source, (str, os.PathLike)) and not _can_map(source):
         if not os.path.exists(source):
             raise TsFileFormatError(f"{name}: no such file; check the path")
@@ -115,7 +139,10 @@ def open_reader(source: Source, backend: str) -> tuple[TsFileReader, str]:
     if isinstance(source, io.IOBase) and not source.seekable():
         raise TsFileFormatError(f"{name}: file object is not seekable; TsFileReader needs seek()")
     target = os.fspath(source) if isinstance(source, os.PathLike) else source
+    global _POOL_PID
+    _check_fork_safety(name)
     with _OPEN_LOCK:
+        _POOL_PID = os.getpid()
         previous = tsfile.get_file_read_backend()
         tsfile.set_file_read_backend(BACKENDS[backend])
         try:

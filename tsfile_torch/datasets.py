@@ -22,7 +22,7 @@ import torch
 import torch.utils.data as tud
 
 from . import sampling
-from .backend import Source
+from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog
 from .options import DatasetOptions
 from .reader import BatchReader
@@ -38,6 +38,8 @@ class _TsFileBase:
     def __init__(self, sources: Source | Sequence[Source], options: DatasetOptions):
         self.options = options
         self.catalog: Catalog = build_catalog(sources, options.columns)
+        for info in self.catalog.files:
+            check_backend(info.source, options.read_backend)
         self._epoch = sharedctypes.RawValue("q", -1)
         self._local_epoch = -1
         self._reader: BatchReader | None = None

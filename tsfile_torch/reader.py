@@ -206,7 +206,7 @@ class BatchReader:
                         if k0 == 0:
                             times[pos:pos + n] = batch.column(0).to_numpy(zero_copy_only=False)
                         elif not np.array_equal(times[pos:pos + n], batch.column(0).to_numpy()):
-                            raise SchemaError(self._misaligned(group, start + pos))
+                            raise SchemaError(self._misaligned(group, group.start_row + start + pos))
                         for k in range(1, batch.num_columns):
                             values[k0 + k - 1, pos:pos + n] = _as_float(batch.column(k))
                         pos += n
@@ -229,10 +229,11 @@ class BatchReader:
                 f"rows [{start}, {start + num_rows}), expected {num_rows}; metadata and data "
                 f"disagree (damaged or changed file)")
 
-    def _misaligned(self, group: ReadGroup, row: int) -> str:
+    def _misaligned(self, group: ReadGroup, row: int, ref_time=None, time=None) -> str:
         names = [self.catalog.columns[c].name for c in group.columns]
+        where = f"at row {row} (time {ref_time} vs {time})" if time is not None else f"near row {row}"
         return (f"columns {names} do not share timestamps with column "
-                f"{self.catalog.columns[0].name!r} near row {row}; select columns with equal "
+                f"{self.catalog.columns[0].name!r} {where}; select columns with equal "
                 f"timestamps (time-aligned joins are not supported yet)")
 
     def _block(self, group_index: int, block: int) -> _Block:
@@ -306,7 +307,9 @@ class BatchReader:
                 if gi in self._ref_groups:
                     times[o:o + m] = block.times[a:b]
                 elif not np.array_equal(times[o:o + m], block.times[a:b]):
-                    raise SchemaError(self._misaligned(group, start_row + o))
+                    bad = int(np.flatnonzero(times[o:o + m] != block.times[a:b])[0])
+                    raise SchemaError(self._misaligned(group, start_row + o + bad,
+                                                       times[o + bad], block.times[a + bad]))
                 out[o:o + m, target] = block.values[:, a:b].T
         return out, times
 

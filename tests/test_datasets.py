@@ -1,0 +1,208 @@
+"""Datasets in one process: exact values, order, epochs, random windows, map-style samplers."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
+
+from tsfile_torch import TsFileDataset, TsFileIterableDataset, make_loader, synthetic
+
+
+def _rows_of(batch: torch.Tensor, full: np.ndarray) -> np.ndarray:
+    """Return the row numbers of a batch, found by matching whole rows (rows are unique)."""
+    table = np.ascontiguousarray(full.astype(np.float32))
+    lookup = {table[i].tobytes(): i for i in range(len(table))}
+    rows = np.ascontiguousarray(batch.numpy().astype(np.float32))
+    return np.array([lookup[r.tobytes()] for r in rows])
+
+
+@pytest.mark.parametrize("block_rows", [65536, 1500])
+def test_sequential_epoch_returns_every_value_exactly(small_dir, small_expected, read_backend,
+                                                       block_rows):
+    ds = TsFileIterableDataset(small_dir, batch_size=1024, read_backend=read_backend,
+                               block_rows=block_rows)
+    batches = list(ds)
+    assert [b.shape for b in batches] == [(1024, 18)] * 4 + [(904, 18)]
+    assert all(b.dtype == torch.float32 for b in batches)
+    np.testing.assert_array_equal(torch.cat(batches).numpy(), small_expected.astype(np.float32))
+
+
+def test_drop_last_leaves_out_the_partial_batch(small_dir, small_expected, read_backend):
+    ds = TsFileIterableDataset(small_dir, batch_size=1024, drop_last=True,
+                               read_backend=read_backend)
+    batches = list(ds)
+    assert len(ds) == len(batches) == 4
+    np.testing.assert_array_equal(torch.cat(batches).numpy(),
+                                  small_expected[:4096].astype(np.float32))
+
+
+def test_float64_batches_are_the_stored_doubles(small_dir, small_expected, read_backend):
+    ds = TsFileIterableDataset(small_dir, batch_size=5000, dtype=torch.float64,
+                               read_backend=read_backend, columns=["t.d2.*"])
+    (batch,) = list(ds)
+    assert batch.dtype == torch.float64
+    np.testing.assert_array_equal(batch.numpy(), small_expected[:, 6:9])
+
+
+def test_timestamps_can_come_with_each_batch(small_dir, read_backend):
+    ds = TsFileIterableDataset(small_dir, batch_size=2000, read_backend=read_backend,
+                               return_timestamps=True, shuffle=True)
+    for values, times in ds:
+        assert values.shape[0] == times.shape[0] and times.dtype == torch.int64
+        assert torch.equal(times, torch.arange(times[0], times[0] + len(times)))
+
+
+def test_shuffled_epoch_is_a_permutation_of_batches_fixed_by_seed_and_epoch(small_dir,
+                                                                           small_expected):
+    def order(seed, epoch):
+        ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True, seed=seed)
+        ds.set_epoch(epoch)
+        return [int(_rows_of(b, small_expected)[0]) for b in ds]
+
+    first = order(0, 0)
+    assert sorted(first) == list(range(0, 5000, 500))
+    assert order(0, 0) == first
+    assert order(0, 1) != first
+    assert order(1, 0) != first
+
+
+def test_without_set_epoch_each_pass_is_the_next_epoch(small_dir, small_expected):
+    ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True)
+    passes = [[int(_rows_of(b, small_expected)[0]) for b in ds] for _ in range(2)]
+    ref = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True)
+    ref.set_epoch(1)
+    assert passes[1] == [int(_rows_of(b, small_expected)[0]) for b in ref]
+    assert passes[0] != passes[1]
+
+
+def test_rows_inside_a_shuffled_batch_stay_in_time_order(small_dir, small_expected):
+    ds = TsFileIterableDataset(small_dir, batch_size=700, shuffle=True)
+    for batch in ds:
+        rows = _rows_of(batch, small_expected)
+        assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
+        np.testing.assert_array_equal(batch.numpy(),
+                                      small_expected[rows].astype(np.float32))
+
+
+def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(small_dir, small_expected,
+                                                              read_backend):
+    ds = TsFileIterableDataset(small_dir, batch_size=800, random_batches=6, seed=3,
+                               read_backend=read_backend)
+    ds.set_epoch(2)
+    starts = []
+    for batch in ds:
+        rows = _rows_of(batch, small_expected)
+        assert batch.shape == (800, 18)
+        np.testing.assert_array_equal(batch.numpy(), small_expected[rows[0]:rows[0] + 800]
+                                      .astype(np.float32))
+        starts.append(int(rows[0]))
+    assert len(starts) == len(ds) == 6
+    again = TsFileDataset(small_dir, batch_size=800, random_batches=6, seed=3)
+    again.set_epoch(2)
+    assert [int(_rows_of(again[i], small_expected)[0]) for i in range(6)] == starts
+    again.set_epoch(3)
+    assert [int(_rows_of(again[i], small_expected)[0]) for i in range(6)] != starts
+
+
+def test_nulls_read_as_nan(tmp_path, read_backend):
+    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2,
+                                 num_rows=3000)
+    synthetic.write_table_files(tmp_path, spec, null_every=7)
+    (batch,) = list(TsFileIterableDataset(tmp_path, batch_size=3000, read_backend=read_backend))
+    rows = np.arange(3000)
+    col = batch[:, 1].numpy()
+    assert np.isnan(col[rows % 7 == 0]).all()
+    np.testing.assert_array_equal(col[rows % 7 != 0],
+                                  synthetic.value_of(0, 1, rows[rows % 7 != 0]).astype(np.float32))
+    np.testing.assert_array_equal(batch[:, 0].numpy(),
+                                  synthetic.value_of(0, 0, rows).astype(np.float32))
+
+
+def test_tree_model_values_and_types_read_as_numbers(tmp_path, read_backend):
+    synthetic.write_tree_file(tmp_path / "a.tsfile", devices=2, num_rows=2500, file_index=0)
+    ds = TsFileIterableDataset(tmp_path, batch_size=1000, read_backend=read_backend,
+                               dtype=torch.float64, block_rows=900)
+    values = torch.cat(list(ds)).numpy()
+    rows = np.arange(2500)
+    expected = np.stack([synthetic.value_of(0, 0, rows), rows, rows % 2,
+                         synthetic.value_of(0, 3, rows), rows, rows % 2], axis=1)
+    np.testing.assert_array_equal(values, expected)
+
+
+def test_shards_across_files_read_as_one_series(tmp_path, read_backend):
+    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2,
+                                 num_rows=1500)
+    synthetic.write_table_files(tmp_path, spec, prefix="day1_")
+    synthetic.write_table_files(tmp_path, spec, prefix="day2_", row_offset=1500)
+    ds = TsFileIterableDataset(tmp_path, batch_size=1000, read_backend=read_backend)
+    values = torch.cat(list(ds)).numpy()
+    rows = np.arange(3000)
+    assert values.shape == (3000, 2)
+    np.testing.assert_array_equal(values[:, 1], synthetic.value_of(0, 1, rows).astype(np.float32))
+
+
+def test_map_style_dataset_with_random_sampler_covers_each_batch_once(small_dir, small_expected,
+                                                                    read_backend):
+    ds = TsFileDataset(small_dir, batch_size=1000, read_backend=read_backend)
+    assert len(ds) == 5
+    loader = DataLoader(ds, batch_size=None, sampler=RandomSampler(ds))
+    seen = sorted(int(_rows_of(b, small_expected)[0]) for b in loader)
+    assert seen == [0, 1000, 2000, 3000, 4000]
+    np.testing.assert_array_equal(ds[-1].numpy(), small_expected[4000:].astype(np.float32))
+
+
+def test_map_style_dataset_with_distributed_sampler_splits_batches(small_dir, small_expected):
+    ds = TsFileDataset(small_dir, batch_size=1000)
+    seen = []
+    for rank in range(2):
+        sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=1)
+        rows = [int(_rows_of(b, small_expected)[0]) for b in
+                DataLoader(ds, batch_size=None, sampler=sampler)]
+        assert len(rows) == 3  # 5 batches padded to 6: every rank the same count
+        seen += rows
+    assert set(seen) == {0, 1000, 2000, 3000, 4000}
+
+
+def test_make_loader_with_map_style_shuffle(small_dir, small_expected):
+    loader = make_loader(TsFileDataset(small_dir, batch_size=1000), shuffle=True)
+    assert sorted(int(_rows_of(b, small_expected)[0]) for b in loader) == list(range(0, 5000,
+                                                                                     1000))
+
+
+def test_iterable_items_cover_every_batch_once_across_ranks_and_workers(small_dir):
+    ds = TsFileIterableDataset(small_dir, batch_size=100, shuffle=True)  # 50 batches
+    for world in (1, 2, 3):
+        for workers in (1, 2, 4):
+            per_rank = [np.concatenate([ds.items_for(5, r, world, w, workers)
+                                        for w in range(workers)]) for r in range(world)]
+            assert len({len(p) for p in per_rank}) == 1  # equal counts: DDP never hangs
+            everything = np.concatenate(per_rank)
+            assert set(everything.tolist()) == set(range(0, 5000, 100))
+            assert len(everything) == -(-50 // world) * world
+
+
+def test_dataset_pickles_without_native_readers(small_dir, small_expected):
+    ds = TsFileIterableDataset(small_dir, batch_size=2500, read_backend="mmap")
+    next(iter(ds))
+    assert ds.reader.num_open == 3
+    ds.set_epoch(4)
+    clone = pickle.loads(pickle.dumps(ds))
+    assert clone._reader is None and clone._epoch.value == 4
+    np.testing.assert_array_equal(next(iter(clone)).numpy(),
+                                  small_expected[:2500].astype(np.float32))
+
+
+def test_memory_cache_keeps_decoded_blocks_across_epochs(small_dir, small_expected):
+    ds = TsFileIterableDataset(small_dir, batch_size=1000, cache="memory")
+    first = torch.cat(list(ds))
+    cached = ds.reader.cached_bytes
+    assert cached >= small_expected.size * 4
+    second = torch.cat(list(ds))
+    assert ds.reader.cached_bytes == cached and torch.equal(first, second)
+    streaming = TsFileIterableDataset(small_dir, batch_size=1000, cache_bytes=0)
+    assert torch.equal(torch.cat(list(streaming)), first)
+    assert streaming.reader.cached_bytes == 0

@@ -1,0 +1,119 @@
+"""Bad input: each case a clear error naming the thing, raised when the dataset is built."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tsfile_torch import (SchemaError, TsFileDataset, TsFileFormatError, TsFileIterableDataset,
+                          TsFileTorchError, make_loader)
+
+
+def _first(small_dir):
+    return sorted(small_dir.glob("*.tsfile"))[0]
+
+
+def test_missing_path_names_it(tmp_path):
+    missing = tmp_path / "nope.tsfile"
+    with pytest.raises(TsFileFormatError, match=r"nope.tsfile: no such file or directory"):
+        TsFileIterableDataset(missing)
+
+
+def test_directory_without_tsfiles_names_it(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(TsFileFormatError, match=r"holds no \*.tsfile files"):
+        TsFileIterableDataset(tmp_path)
+
+
+def test_glob_matching_nothing_names_the_pattern(tmp_path):
+    with pytest.raises(TsFileFormatError, match=r"x\*.tsfile: glob pattern matches no files"):
+        TsFileIterableDataset(str(tmp_path / "x*.tsfile"))
+
+
+@pytest.mark.parametrize("content", [b"", b"not a tsfile at all" * 50], ids=["empty", "garbage"])
+def test_empty_or_garbage_file_is_a_format_error_naming_it(tmp_path, content):
+    bad = tmp_path / "bad.tsfile"
+    bad.write_bytes(content)
+    with pytest.raises(TsFileFormatError, match=r"bad.tsfile: cannot open as a TsFile"):
+        TsFileIterableDataset(bad)
+
+
+def test_truncated_file_is_a_format_error_naming_it(tmp_path, small_dir):
+    data = _first(small_dir).read_bytes()
+    bad = tmp_path / "cut.tsfile"
+    bad.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TsFileFormatError, match=r"cut.tsfile"):
+        TsFileDataset(bad)
+
+
+def test_errors_share_one_base_class(tmp_path):
+    with pytest.raises(TsFileTorchError):
+        TsFileIterableDataset(tmp_path / "nope.tsfile")
+
+
+def test_unknown_column_is_a_schema_error(small_dir):
+    with pytest.raises(SchemaError, match="'temperature' matches no series"):
+        TsFileIterableDataset(small_dir, columns=["temperature"])
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    ({"batch_size": 0}, ValueError, r"batch_size should be a positive integer value, but got "
+                                    r"batch_size=0"),
+    ({"batch_size": True}, TypeError, r"batch_size=True"),
+    ({"batch_size": 8.5}, TypeError, r"batch_size=8.5"),
+    ({"shuffle": 1}, TypeError, r"shuffle should be True or False"),
+    ({"drop_last": "yes"}, TypeError, r"drop_last should be True or False"),
+    ({"seed": -1}, TypeError, r"seed should be a non-negative integer"),
+    ({"read_backend": "mmpa"}, ValueError, r"got 'mmpa'"),
+    ({"dtype": torch.int64}, ValueError, r"dtype must be one of"),
+    ({"random_batches": 0}, ValueError, r"random_batches should be a positive integer"),
+    ({"random_batches": 4, "shuffle": True}, ValueError, r"cannot be combined"),
+    ({"cache": "disk"}, ValueError, r"cache must be one of 'none', 'memory'; got 'disk'"),
+    ({"columns": []}, ValueError, r"columns must be None or a non-empty list"),
+    ({"columns": [3]}, TypeError, r"columns must hold str"),
+    ({"nonsense": 1}, TypeError, r"nonsense"),
+])
+def test_invalid_arguments_are_rejected_with_the_argument_named(small_dir, kwargs, error, message):
+    with pytest.raises(error, match=message):
+        TsFileIterableDataset(small_dir, **kwargs)
+
+
+def test_map_style_dataset_refuses_shuffle_and_says_use_a_sampler(small_dir):
+    with pytest.raises(TypeError, match="RandomSampler"):
+        TsFileDataset(small_dir, shuffle=True)
+
+
+def test_map_style_index_out_of_range_is_an_index_error(small_dir):
+    ds = TsFileDataset(small_dir, batch_size=1000)
+    with pytest.raises(IndexError, match="batch index 5 out of range for 5 batches"):
+        ds[5]
+    with pytest.raises(TypeError, match="integer batch number"):
+        ds[1.0]
+
+
+def test_loader_rejects_a_batch_size_and_bad_worker_counts(small_dir):
+    ds = TsFileIterableDataset(small_dir)
+    with pytest.raises(ValueError, match="set batch_size on the dataset"):
+        make_loader(ds, batch_size=4)
+    with pytest.raises(ValueError, match="num_workers=-1"):
+        make_loader(ds, num_workers=-1)
+    with pytest.raises(ValueError, match="TsFileIterableDataset\\(shuffle=True\\)"):
+        make_loader(ds, shuffle=True)
+    with pytest.warns(UserWarning, match="exceeds the 1 batches"):
+        make_loader(ds, num_workers=2)
+
+
+def test_file_changed_between_epochs_fails_clearly(tmp_path, small_dir):
+    for p in small_dir.glob("*.tsfile"):
+        shutil.copy(p, tmp_path / p.name)
+    ds = TsFileIterableDataset(tmp_path, batch_size=2500, read_backend="mmap")
+    ds.set_epoch(0)
+    assert len(list(ds)) == 2
+    target = sorted(tmp_path.glob("*.tsfile"))[1]
+    with open(target, "ab") as fh:  # appended to while mapped: upstream says never do this
+        fh.write(b"\0" * 10)
+    ds.set_epoch(1)
+    with pytest.raises(TsFileFormatError, match=r"part001.tsfile: file changed while in use"):
+        list(ds)
