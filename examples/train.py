@@ -23,9 +23,11 @@ from tsfile_torch import TsFileIterableDataset, make_loader, synthetic
 
 def main(argv: list[str] | None = None) -> float:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(),
-                                                       "tsfile-torch-reference"),
-                        help="directory of TsFiles (the reference dataset is written if absent)")
+    parser.add_argument(
+        "--data",
+        default=os.path.join(tempfile.gettempdir(), "tsfile-torch-reference"),
+        help="directory of TsFiles (the reference dataset is written if absent)",
+    )
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8192)
@@ -33,11 +35,14 @@ def main(argv: list[str] | None = None) -> float:
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args(argv)
 
-    if not os.path.isdir(args.data) or not any(n.endswith(".tsfile") for n in os.listdir(args.data)):
+    if not os.path.isdir(args.data) or not any(
+        n.endswith(".tsfile") for n in os.listdir(args.data)
+    ):
         print(f"writing the reference dataset to {args.data}")
         synthetic.write_reference(args.data)
-    ds = TsFileIterableDataset(args.data, batch_size=args.batch_size, shuffle=True,
-                               read_backend=args.read_backend)
+    ds = TsFileIterableDataset(
+        args.data, batch_size=args.batch_size, shuffle=True, read_backend=args.read_backend
+    )
     print(f"{ds}\ncolumns: {ds.columns[:3]} ... {ds.columns[-1]}")
     loader = make_loader(ds, num_workers=args.num_workers)
 
@@ -66,8 +71,10 @@ def main(argv: list[str] | None = None) -> float:
             loss = loss_t.item()
             bar.set_postfix(loss=f"{loss:.4f}")
         seconds = time.perf_counter() - start
-        print(f"epoch {epoch}: loss {loss:.5f}, {rows} rows in {seconds:.2f} s, "
-              f"{rows / seconds:,.0f} rows/s")
+        print(
+            f"epoch {epoch}: loss {loss:.5f}, {rows} rows in {seconds:.2f} s, "
+            f"{rows / seconds:,.0f} rows/s"
+        )
     return loss
 
 

@@ -15,9 +15,16 @@ from tsfile_torch import MappingError, TsFileIterableDataset, open_reader, parse
 from tsfile_torch.backend import is_mapped
 
 
-@pytest.mark.parametrize("value, name", [("auto", "auto"), ("MMAP", "mmap"), ("Pread", "pread"),
-                                         (FileReadBackend.MMAP, "mmap"),
-                                         (FileReadBackend.PREAD, "pread")])
+@pytest.mark.parametrize(
+    "value, name",
+    [
+        ("auto", "auto"),
+        ("MMAP", "mmap"),
+        ("Pread", "pread"),
+        (FileReadBackend.MMAP, "mmap"),
+        (FileReadBackend.PREAD, "pread"),
+    ],
+)
 def test_backend_names_and_enum_members_parse(value, name):
     assert parse_backend(value) == name
 
@@ -49,12 +56,14 @@ def test_open_reader_restores_the_global_setting(small_dir):
 
 
 @pytest.mark.parametrize("backend, mapped", [("mmap", True), ("auto", True), ("pread", False)])
-def test_dataset_keeps_its_backend_when_the_global_changes(tmp_path, backend, mapped,
-                                                           expected_rows):
+def test_dataset_keeps_its_backend_when_the_global_changes(
+    tmp_path, backend, mapped, expected_rows
+):
     from tsfile_torch import synthetic
 
-    spec = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=2,
-                                 num_rows=3000)
+    spec = synthetic.DatasetSpec(
+        num_files=2, devices_per_file=1, fields_per_device=2, num_rows=3000
+    )
     paths = synthetic.write_table_files(tmp_path, spec)
     ds = TsFileIterableDataset(tmp_path, batch_size=1000, read_backend=backend)
     previous = tsfile.get_file_read_backend()
@@ -65,8 +74,9 @@ def test_dataset_keeps_its_backend_when_the_global_changes(tmp_path, backend, ma
         assert tsfile.get_file_read_backend() == other
     finally:
         tsfile.set_file_read_backend(previous)
-    np.testing.assert_array_equal(np.concatenate(batches),
-                                  expected_rows(spec, 0, 3000).astype(np.float32))
+    np.testing.assert_array_equal(
+        np.concatenate(batches), expected_rows(spec, 0, 3000).astype(np.float32)
+    )
     assert set(ds.backends.values()) == {"mmap" if mapped else "pread"}
     assert all(is_mapped(p) == mapped for p in paths)
     ds.close()
@@ -83,11 +93,11 @@ def test_auto_on_a_file_object_falls_back_to_pread(small_dir, expected_rows):
     from tsfile_torch import synthetic
 
     first = sorted(small_dir.glob("*.tsfile"))[0]
-    ds = TsFileIterableDataset(io.BytesIO(first.read_bytes()), batch_size=2048,
-                               read_backend="auto")
+    ds = TsFileIterableDataset(io.BytesIO(first.read_bytes()), batch_size=2048, read_backend="auto")
     values = np.concatenate([b.numpy() for b in ds])
-    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=2, fields_per_device=3,
-                                 num_rows=5000)
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=2, fields_per_device=3, num_rows=5000
+    )
     np.testing.assert_array_equal(values, expected_rows(spec, 0, 5000).astype(np.float32))
     assert list(ds.backends.values()) == ["pread"]
 

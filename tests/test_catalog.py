@@ -6,15 +6,22 @@ import numpy as np
 import pytest
 from tsfile import TSDataType
 
-from tsfile_torch import SchemaError, TsFileDataset, TsFileFormatError, build_catalog, synthetic
+from tsfile_torch import SchemaError, TsFileDataset, build_catalog, synthetic
 
 TWO = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=3, num_rows=2000)
 
 
 def test_columns_follow_file_then_device_then_schema_field_order(small_dir):
     cat = build_catalog(small_dir)
-    assert cat.column_names[:7] == ["t.d0.s0", "t.d0.s1", "t.d0.s2", "t.d1.s0", "t.d1.s1",
-                                    "t.d1.s2", "t.d2.s0"]
+    assert cat.column_names[:7] == [
+        "t.d0.s0",
+        "t.d0.s1",
+        "t.d0.s2",
+        "t.d1.s0",
+        "t.d1.s1",
+        "t.d1.s2",
+        "t.d2.s0",
+    ]
     assert len(cat.column_names) == 18
     assert cat.num_rows == 5000 and (cat.start_time, cat.end_time) == (0, 4999)
 
@@ -26,8 +33,10 @@ def test_a_list_of_names_and_patterns_keeps_the_order_given(small_dir):
 
 def test_glob_source_and_list_of_files_give_the_same_catalog(small_dir):
     files = sorted(str(p) for p in small_dir.glob("*.tsfile"))
-    assert build_catalog(str(small_dir / "part*.tsfile")).column_names == \
-        build_catalog(files).column_names
+    assert (
+        build_catalog(str(small_dir / "part*.tsfile")).column_names
+        == build_catalog(files).column_names
+    )
 
 
 def test_statistics_come_from_metadata(small_dir):
@@ -40,8 +49,9 @@ def test_statistics_come_from_metadata(small_dir):
 
 
 def test_string_fields_are_left_out_and_asking_for_one_names_it(tmp_path):
-    synthetic.write_table_files(tmp_path, TWO, extra_fields={"label": TSDataType.STRING,
-                                                             "count": TSDataType.INT32})
+    synthetic.write_table_files(
+        tmp_path, TWO, extra_fields={"label": TSDataType.STRING, "count": TSDataType.INT32}
+    )
     cat = build_catalog(tmp_path)
     assert "t.d0.label" not in cat.column_names and "t.d0.count" in cat.column_names
     with pytest.raises(SchemaError, match=r"'t.d0.label' has type STRING"):
@@ -58,26 +68,40 @@ def test_unknown_column_lists_close_names(small_dir):
 def test_tree_model_columns_are_numeric_measurements(tmp_path):
     names = synthetic.write_tree_file(tmp_path / "tree.tsfile", devices=2, num_rows=100)
     cat = build_catalog(tmp_path)
-    assert cat.column_names == names == ["root.sg.d0.m0", "root.sg.d0.m1", "root.sg.d0.m2",
-                                         "root.sg.d1.m0", "root.sg.d1.m1", "root.sg.d1.m2"]
+    assert (
+        cat.column_names
+        == names
+        == [
+            "root.sg.d0.m0",
+            "root.sg.d0.m1",
+            "root.sg.d0.m2",
+            "root.sg.d1.m0",
+            "root.sg.d1.m1",
+            "root.sg.d1.m2",
+        ]
+    )
     assert [c.dtype for c in cat.columns[:3]] == ["DOUBLE", "INT64", "BOOLEAN"]
 
 
 def test_series_continuing_across_files_are_concatenated_in_time_order(tmp_path):
-    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2,
-                                 num_rows=1000)
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=2, num_rows=1000
+    )
     synthetic.write_table_files(tmp_path, spec, prefix="day2_", row_offset=1000)
     synthetic.write_table_files(tmp_path, spec, prefix="day1_")
     cat = build_catalog(tmp_path)
     assert cat.column_names == ["t.d0.s0", "t.d0.s1"]
     assert cat.num_rows == 2000 and (cat.start_time, cat.end_time) == (0, 1999)
-    assert [cat.files[s.file_index].name.split("/")[-1] for s in cat.columns[0].shards] == \
-        ["day1_000.tsfile", "day2_000.tsfile"]
+    assert [cat.files[s.file_index].name.split("/")[-1] for s in cat.columns[0].shards] == [
+        "day1_000.tsfile",
+        "day2_000.tsfile",
+    ]
 
 
 def test_overlapping_shards_are_an_error_naming_both_files(tmp_path):
-    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=1,
-                                 num_rows=1000)
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000
+    )
     synthetic.write_table_files(tmp_path, spec, prefix="a_")
     synthetic.write_table_files(tmp_path, spec, prefix="b_", row_offset=500)
     with pytest.raises(SchemaError, match=r"overlap between .*a_000.tsfile.*b_000.tsfile"):
@@ -85,11 +109,13 @@ def test_overlapping_shards_are_an_error_naming_both_files(tmp_path):
 
 
 def test_misaligned_devices_in_one_file_set_are_a_schema_error(tmp_path):
-    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=1,
-                                 num_rows=1000, table="a")
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000, table="a"
+    )
     synthetic.write_table_files(tmp_path, spec, prefix="a")
-    spec_b = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=1,
-                                   num_rows=1000, table="b")
+    spec_b = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000, table="b"
+    )
     synthetic.write_table_files(tmp_path, spec_b, prefix="b", start_time=10)
     with pytest.raises(SchemaError, match=r"do not share one timeline.*'a.d0.s0'.*'b.d0.s0'"):
         build_catalog(tmp_path)
@@ -99,18 +125,35 @@ def test_same_metadata_but_different_timestamps_fail_at_read_time(tmp_path):
     import pyarrow as pa
     from tsfile import ColumnCategory, ColumnSchema, TableSchema, TsFileTableWriter
 
-    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=1,
-                                 num_rows=1000, table="a")
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000, table="a"
+    )
     synthetic.write_table_files(tmp_path, spec, prefix="a", interval=2)  # 0, 2, ..., 1998
     times = np.append(np.arange(999), 1998)  # same count, first and last; differs inside
-    schema = TableSchema("b", [ColumnSchema("device", TSDataType.STRING, ColumnCategory.TAG),
-                               ColumnSchema("s0", TSDataType.DOUBLE, ColumnCategory.FIELD)])
+    schema = TableSchema(
+        "b",
+        [
+            ColumnSchema("device", TSDataType.STRING, ColumnCategory.TAG),
+            ColumnSchema("s0", TSDataType.DOUBLE, ColumnCategory.FIELD),
+        ],
+    )
     writer = TsFileTableWriter(str(tmp_path / "b.tsfile"), schema)
-    writer.writer.write_arrow_batch("b", pa.table({
-        "time": pa.array(times, pa.int64()), "device": pa.array(["d0"] * 1000),
-        "s0": pa.array(np.arange(1000.0))}), 0)
+    writer.writer.write_arrow_batch(
+        "b",
+        pa.table(
+            {
+                "time": pa.array(times, pa.int64()),
+                "device": pa.array(["d0"] * 1000),
+                "s0": pa.array(np.arange(1000.0)),
+            }
+        ),
+        0,
+    )
     writer.close()
     ds = TsFileDataset(tmp_path, batch_size=100)  # metadata agrees: built fine
-    with pytest.raises(SchemaError, match=r"\['b.d0.s0'\] do not share timestamps .* at row 1 "
-                       r"\(time 2 vs 1\)"):
+    with pytest.raises(
+        SchemaError,
+        match=r"\['b.d0.s0'\] do not share timestamps .* at row 1 "
+        r"\(time 2 vs 1\)",
+    ):
         ds[0]

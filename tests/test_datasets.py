@@ -21,10 +21,12 @@ def _rows_of(batch: torch.Tensor, full: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize("block_rows", [65536, 1500])
-def test_sequential_epoch_returns_every_value_exactly(small_dir, small_expected, read_backend,
-                                                       block_rows):
-    ds = TsFileIterableDataset(small_dir, batch_size=1024, read_backend=read_backend,
-                               block_rows=block_rows)
+def test_sequential_epoch_returns_every_value_exactly(
+    small_dir, small_expected, read_backend, block_rows
+):
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=1024, read_backend=read_backend, block_rows=block_rows
+    )
     batches = list(ds)
     assert [b.shape for b in batches] == [(1024, 18)] * 4 + [(904, 18)]
     assert all(b.dtype == torch.float32 for b in batches)
@@ -32,32 +34,41 @@ def test_sequential_epoch_returns_every_value_exactly(small_dir, small_expected,
 
 
 def test_drop_last_leaves_out_the_partial_batch(small_dir, small_expected, read_backend):
-    ds = TsFileIterableDataset(small_dir, batch_size=1024, drop_last=True,
-                               read_backend=read_backend)
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=1024, drop_last=True, read_backend=read_backend
+    )
     batches = list(ds)
     assert len(ds) == len(batches) == 4
-    np.testing.assert_array_equal(torch.cat(batches).numpy(),
-                                  small_expected[:4096].astype(np.float32))
+    np.testing.assert_array_equal(
+        torch.cat(batches).numpy(), small_expected[:4096].astype(np.float32)
+    )
 
 
 def test_float64_batches_are_the_stored_doubles(small_dir, small_expected, read_backend):
-    ds = TsFileIterableDataset(small_dir, batch_size=5000, dtype=torch.float64,
-                               read_backend=read_backend, columns=["t.d2.*"])
+    ds = TsFileIterableDataset(
+        small_dir,
+        batch_size=5000,
+        dtype=torch.float64,
+        read_backend=read_backend,
+        columns=["t.d2.*"],
+    )
     (batch,) = list(ds)
     assert batch.dtype == torch.float64
     np.testing.assert_array_equal(batch.numpy(), small_expected[:, 6:9])
 
 
 def test_timestamps_can_come_with_each_batch(small_dir, read_backend):
-    ds = TsFileIterableDataset(small_dir, batch_size=2000, read_backend=read_backend,
-                               return_timestamps=True, shuffle=True)
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=2000, read_backend=read_backend, return_timestamps=True, shuffle=True
+    )
     for values, times in ds:
         assert values.shape[0] == times.shape[0] and times.dtype == torch.int64
         assert torch.equal(times, torch.arange(times[0], times[0] + len(times)))
 
 
-def test_shuffled_epoch_is_a_permutation_of_batches_fixed_by_seed_and_epoch(small_dir,
-                                                                           small_expected):
+def test_shuffled_epoch_is_a_permutation_of_batches_fixed_by_seed_and_epoch(
+    small_dir, small_expected
+):
     def order(seed, epoch):
         ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True, seed=seed)
         ds.set_epoch(epoch)
@@ -84,21 +95,23 @@ def test_rows_inside_a_shuffled_batch_stay_in_time_order(small_dir, small_expect
     for batch in ds:
         rows = _rows_of(batch, small_expected)
         assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
-        np.testing.assert_array_equal(batch.numpy(),
-                                      small_expected[rows].astype(np.float32))
+        np.testing.assert_array_equal(batch.numpy(), small_expected[rows].astype(np.float32))
 
 
-def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(small_dir, small_expected,
-                                                              read_backend):
-    ds = TsFileIterableDataset(small_dir, batch_size=800, random_batches=6, seed=3,
-                               read_backend=read_backend)
+def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
+    small_dir, small_expected, read_backend
+):
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=800, random_batches=6, seed=3, read_backend=read_backend
+    )
     ds.set_epoch(2)
     starts = []
     for batch in ds:
         rows = _rows_of(batch, small_expected)
         assert batch.shape == (800, 18)
-        np.testing.assert_array_equal(batch.numpy(), small_expected[rows[0]:rows[0] + 800]
-                                      .astype(np.float32))
+        np.testing.assert_array_equal(
+            batch.numpy(), small_expected[rows[0] : rows[0] + 800].astype(np.float32)
+        )
         starts.append(int(rows[0]))
     assert len(starts) == len(ds) == 6
     again = TsFileDataset(small_dir, batch_size=800, random_batches=6, seed=3)
@@ -109,33 +122,47 @@ def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(small_dir, small_
 
 
 def test_nulls_read_as_nan(tmp_path, read_backend):
-    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2,
-                                 num_rows=3000)
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=2, num_rows=3000
+    )
     synthetic.write_table_files(tmp_path, spec, null_every=7)
     (batch,) = list(TsFileIterableDataset(tmp_path, batch_size=3000, read_backend=read_backend))
     rows = np.arange(3000)
     col = batch[:, 1].numpy()
     assert np.isnan(col[rows % 7 == 0]).all()
-    np.testing.assert_array_equal(col[rows % 7 != 0],
-                                  synthetic.value_of(0, 1, rows[rows % 7 != 0]).astype(np.float32))
-    np.testing.assert_array_equal(batch[:, 0].numpy(),
-                                  synthetic.value_of(0, 0, rows).astype(np.float32))
+    np.testing.assert_array_equal(
+        col[rows % 7 != 0], synthetic.value_of(0, 1, rows[rows % 7 != 0]).astype(np.float32)
+    )
+    np.testing.assert_array_equal(
+        batch[:, 0].numpy(), synthetic.value_of(0, 0, rows).astype(np.float32)
+    )
 
 
 def test_tree_model_values_and_types_read_as_numbers(tmp_path, read_backend):
     synthetic.write_tree_file(tmp_path / "a.tsfile", devices=2, num_rows=2500, file_index=0)
-    ds = TsFileIterableDataset(tmp_path, batch_size=1000, read_backend=read_backend,
-                               dtype=torch.float64, block_rows=900)
+    ds = TsFileIterableDataset(
+        tmp_path, batch_size=1000, read_backend=read_backend, dtype=torch.float64, block_rows=900
+    )
     values = torch.cat(list(ds)).numpy()
     rows = np.arange(2500)
-    expected = np.stack([synthetic.value_of(0, 0, rows), rows, rows % 2,
-                         synthetic.value_of(0, 3, rows), rows, rows % 2], axis=1)
+    expected = np.stack(
+        [
+            synthetic.value_of(0, 0, rows),
+            rows,
+            rows % 2,
+            synthetic.value_of(0, 3, rows),
+            rows,
+            rows % 2,
+        ],
+        axis=1,
+    )
     np.testing.assert_array_equal(values, expected)
 
 
 def test_shards_across_files_read_as_one_series(tmp_path, read_backend):
-    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2,
-                                 num_rows=1500)
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=2, num_rows=1500
+    )
     synthetic.write_table_files(tmp_path, spec, prefix="day1_")
     synthetic.write_table_files(tmp_path, spec, prefix="day2_", row_offset=1500)
     ds = TsFileIterableDataset(tmp_path, batch_size=1000, read_backend=read_backend)
@@ -145,8 +172,9 @@ def test_shards_across_files_read_as_one_series(tmp_path, read_backend):
     np.testing.assert_array_equal(values[:, 1], synthetic.value_of(0, 1, rows).astype(np.float32))
 
 
-def test_map_style_dataset_with_random_sampler_covers_each_batch_once(small_dir, small_expected,
-                                                                    read_backend):
+def test_map_style_dataset_with_random_sampler_covers_each_batch_once(
+    small_dir, small_expected, read_backend
+):
     ds = TsFileDataset(small_dir, batch_size=1000, read_backend=read_backend)
     assert len(ds) == 5
     loader = DataLoader(ds, batch_size=None, sampler=RandomSampler(ds))
@@ -160,8 +188,10 @@ def test_map_style_dataset_with_distributed_sampler_splits_batches(small_dir, sm
     seen = []
     for rank in range(2):
         sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=1)
-        rows = [int(_rows_of(b, small_expected)[0]) for b in
-                DataLoader(ds, batch_size=None, sampler=sampler)]
+        rows = [
+            int(_rows_of(b, small_expected)[0])
+            for b in DataLoader(ds, batch_size=None, sampler=sampler)
+        ]
         assert len(rows) == 3  # 5 batches padded to 6: every rank the same count
         seen += rows
     assert set(seen) == {0, 1000, 2000, 3000, 4000}
@@ -169,16 +199,17 @@ def test_map_style_dataset_with_distributed_sampler_splits_batches(small_dir, sm
 
 def test_make_loader_with_map_style_shuffle(small_dir, small_expected):
     loader = make_loader(TsFileDataset(small_dir, batch_size=1000), shuffle=True)
-    assert sorted(int(_rows_of(b, small_expected)[0]) for b in loader) == list(range(0, 5000,
-                                                                                     1000))
+    assert sorted(int(_rows_of(b, small_expected)[0]) for b in loader) == list(range(0, 5000, 1000))
 
 
 def test_iterable_items_cover_every_batch_once_across_ranks_and_workers(small_dir):
     ds = TsFileIterableDataset(small_dir, batch_size=100, shuffle=True)  # 50 batches
     for world in (1, 2, 3):
         for workers in (1, 2, 4):
-            per_rank = [np.concatenate([ds.items_for(5, r, world, w, workers)
-                                        for w in range(workers)]) for r in range(world)]
+            per_rank = [
+                np.concatenate([ds.items_for(5, r, world, w, workers) for w in range(workers)])
+                for r in range(world)
+            ]
             assert len({len(p) for p in per_rank}) == 1  # equal counts: DDP never hangs
             everything = np.concatenate(per_rank)
             assert set(everything.tolist()) == set(range(0, 5000, 100))
@@ -192,8 +223,9 @@ def test_dataset_pickles_without_native_readers(small_dir, small_expected):
     ds.set_epoch(4)
     clone = pickle.loads(pickle.dumps(ds))
     assert clone._reader is None and clone._epoch.value == 4
-    np.testing.assert_array_equal(next(iter(clone)).numpy(),
-                                  small_expected[:2500].astype(np.float32))
+    np.testing.assert_array_equal(
+        next(iter(clone)).numpy(), small_expected[:2500].astype(np.float32)
+    )
 
 
 def test_memory_cache_keeps_decoded_blocks_across_epochs(small_dir, small_expected):

@@ -7,8 +7,14 @@ import shutil
 import pytest
 import torch
 
-from tsfile_torch import (SchemaError, TsFileDataset, TsFileFormatError, TsFileIterableDataset,
-                          TsFileTorchError, make_loader)
+from tsfile_torch import (
+    SchemaError,
+    TsFileDataset,
+    TsFileFormatError,
+    TsFileIterableDataset,
+    TsFileTorchError,
+    make_loader,
+)
 
 
 def _first(small_dir):
@@ -58,23 +64,30 @@ def test_unknown_column_is_a_schema_error(small_dir):
         TsFileIterableDataset(small_dir, columns=["temperature"])
 
 
-@pytest.mark.parametrize("kwargs, error, message", [
-    ({"batch_size": 0}, ValueError, r"batch_size should be a positive integer value, but got "
-                                    r"batch_size=0"),
-    ({"batch_size": True}, TypeError, r"batch_size=True"),
-    ({"batch_size": 8.5}, TypeError, r"batch_size=8.5"),
-    ({"shuffle": 1}, TypeError, r"shuffle should be True or False"),
-    ({"drop_last": "yes"}, TypeError, r"drop_last should be True or False"),
-    ({"seed": -1}, TypeError, r"seed should be a non-negative integer"),
-    ({"read_backend": "mmpa"}, ValueError, r"got 'mmpa'"),
-    ({"dtype": torch.int64}, ValueError, r"dtype must be one of"),
-    ({"random_batches": 0}, ValueError, r"random_batches should be a positive integer"),
-    ({"random_batches": 4, "shuffle": True}, ValueError, r"cannot be combined"),
-    ({"cache": "disk"}, ValueError, r"cache must be one of 'none', 'memory'; got 'disk'"),
-    ({"columns": []}, ValueError, r"columns must be None or a non-empty list"),
-    ({"columns": [3]}, TypeError, r"columns must hold str"),
-    ({"nonsense": 1}, TypeError, r"nonsense"),
-])
+@pytest.mark.parametrize(
+    "kwargs, error, message",
+    [
+        (
+            {"batch_size": 0},
+            ValueError,
+            r"batch_size should be a positive integer value, but got "
+            r"batch_size=0",
+        ),
+        ({"batch_size": True}, TypeError, r"batch_size=True"),
+        ({"batch_size": 8.5}, TypeError, r"batch_size=8.5"),
+        ({"shuffle": 1}, TypeError, r"shuffle should be True or False"),
+        ({"drop_last": "yes"}, TypeError, r"drop_last should be True or False"),
+        ({"seed": -1}, TypeError, r"seed should be a non-negative integer"),
+        ({"read_backend": "mmpa"}, ValueError, r"got 'mmpa'"),
+        ({"dtype": torch.int64}, ValueError, r"dtype must be one of"),
+        ({"random_batches": 0}, ValueError, r"random_batches should be a positive integer"),
+        ({"random_batches": 4, "shuffle": True}, ValueError, r"cannot be combined"),
+        ({"cache": "disk"}, ValueError, r"cache must be one of 'none', 'memory'; got 'disk'"),
+        ({"columns": []}, ValueError, r"columns must be None or a non-empty list"),
+        ({"columns": [3]}, TypeError, r"columns must hold str"),
+        ({"nonsense": 1}, TypeError, r"nonsense"),
+    ],
+)
 def test_invalid_arguments_are_rejected_with_the_argument_named(small_dir, kwargs, error, message):
     with pytest.raises(error, match=message):
         TsFileIterableDataset(small_dir, **kwargs)

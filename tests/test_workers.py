@@ -23,10 +23,10 @@ def _first_rows(batches, full: np.ndarray) -> list[int]:
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, read_backend,
-                                                  shuffle):
-    ds = TsFileIterableDataset(small_dir, batch_size=600, shuffle=shuffle,
-                               read_backend=read_backend)
+def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, read_backend, shuffle):
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=600, shuffle=shuffle, read_backend=read_backend
+    )
     loader = make_loader(ds, num_workers=2)
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -34,8 +34,9 @@ def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, rea
         values = torch.cat(batches).numpy()
         assert values.shape == small_expected.shape
         order = np.argsort(_first_rows(batches, small_expected), kind="stable")
-        np.testing.assert_array_equal(torch.cat([batches[i] for i in order]).numpy(),
-                                      small_expected.astype(np.float32))
+        np.testing.assert_array_equal(
+            torch.cat([batches[i] for i in order]).numpy(), small_expected.astype(np.float32)
+        )
 
 
 def test_set_epoch_reaches_persistent_workers(small_dir, small_expected):
@@ -45,12 +46,12 @@ def test_set_epoch_reaches_persistent_workers(small_dir, small_expected):
         ds.set_epoch(epoch)
         got = _first_rows(list(loader), small_expected)
         runs = [list(ds.items_for(epoch, worker=w, num_workers=2)) for w in range(2)]
-        interleaved = [x for pair in zip(*runs) for x in pair]  # the DataLoader's round robin
+        # the DataLoader takes one batch from each worker in turn
+        interleaved = [x for pair in zip(*runs, strict=True) for x in pair]
         assert got == interleaved
 
 
-def test_map_style_random_windows_follow_set_epoch_in_persistent_workers(small_dir,
-                                                                        small_expected):
+def test_map_style_random_windows_follow_set_epoch_in_persistent_workers(small_dir, small_expected):
     ds = TsFileDataset(small_dir, batch_size=500, random_batches=4, seed=2)
     loader = make_loader(ds, num_workers=2)
     for epoch in (0, 3):
@@ -66,10 +67,14 @@ class _Probe(TsFileIterableDataset):
         for batch in super().__iter__():
             reader = self.reader
             maps = open("/proc/self/maps").read().splitlines()
-            mapped = [sum(line.endswith(info.name) for line in maps)
-                      for info in self.catalog.files]
-            yield {"batch": batch, "pid": os.getpid(), "reader": id(reader),
-                   "opens": reader.open_count, "mapped": mapped}
+            mapped = [sum(line.endswith(info.name) for line in maps) for info in self.catalog.files]
+            yield {
+                "batch": batch,
+                "pid": os.getpid(),
+                "reader": id(reader),
+                "opens": reader.open_count,
+                "mapped": mapped,
+            }
 
 
 def test_workers_open_readers_once_and_keep_them_across_epochs(small_dir):
@@ -104,8 +109,9 @@ def test_spawn_start_method_works(small_dir, small_expected):
     loader = make_loader(ds, num_workers=2, multiprocessing_context="spawn")
     batches = list(loader)
     order = np.argsort(_first_rows(batches, small_expected))
-    np.testing.assert_array_equal(torch.cat([batches[i] for i in order]).numpy(),
-                                  small_expected.astype(np.float32))
+    np.testing.assert_array_equal(
+        torch.cat([batches[i] for i in order]).numpy(), small_expected.astype(np.float32)
+    )
 
 
 def test_plain_fork_after_reading_is_an_error_not_a_hang(small_dir):

@@ -12,15 +12,22 @@ import os
 import stat
 import sys
 import threading
-from typing import IO, Union
+from typing import IO
 
 import tsfile
 from tsfile import FileReadBackend, TsFileReader
 
 from .errors import MappingError, TsFileFormatError, TsFileTorchError
 
-__all__ = ["BACKENDS", "Source", "parse_backend", "check_backend", "open_reader", "source_name",
-           "is_mapped"]
+__all__ = [
+    "BACKENDS",
+    "Source",
+    "parse_backend",
+    "check_backend",
+    "open_reader",
+    "source_name",
+    "is_mapped",
+]
 
 #: Backend names and the tsfile setting each stands for.
 BACKENDS: dict[str, FileReadBackend] = {
@@ -29,7 +36,7 @@ BACKENDS: dict[str, FileReadBackend] = {
     "pread": FileReadBackend.PREAD,
 }
 
-Source = Union[str, os.PathLike, IO[bytes]]
+Source = str | os.PathLike | IO[bytes]
 
 _OPEN_LOCK = threading.Lock()
 
@@ -101,7 +108,7 @@ def _can_map(source: Source) -> bool:
 
 
 def check_backend(source: Source, backend: str) -> None:
-    """Raise :class:`MappingError` when ``backend`` is ``"mmap"`` and ``source`` cannot be mapped."""
+    """Raise :class:`MappingError` if ``backend`` is ``"mmap"`` and ``source`` cannot be mapped."""
     if parse_backend(backend) == "mmap" and not _can_map(source):
         raise MappingError(
             f"{source_name(source)}: read_backend='mmap' needs a path to a regular file, and "

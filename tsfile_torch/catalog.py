@@ -16,16 +16,24 @@ import difflib
 import fnmatch
 import glob
 import os
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
 
 from tsfile import TSDataType
 
 from .backend import Source, open_reader, source_name
 from .errors import SchemaError, TsFileFormatError
 
-__all__ = ["NUMERIC_TYPES", "Catalog", "Column", "FileInfo", "ReadGroup", "Shard", "build_catalog",
-           "expand_sources"]
+__all__ = [
+    "NUMERIC_TYPES",
+    "Catalog",
+    "Column",
+    "FileInfo",
+    "ReadGroup",
+    "Shard",
+    "build_catalog",
+    "expand_sources",
+]
 
 #: tsfile types read as numbers; every other type is left out of ``columns=None``.
 NUMERIC_TYPES = {
@@ -240,9 +248,13 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
         table = schemas.get(group.table_name) if schemas else None
         if table is not None:
             declared = [c.get_column_name() for c in table.get_columns()]
-            order = {m: declared.index(m) if m in declared else len(declared) + i
-                     for m, i in order.items()}
-        for j, ts in sorted(enumerate(group.timeseries), key=lambda it: order[it[1].measurement_name]):
+            order = {
+                m: declared.index(m) if m in declared else len(declared) + i
+                for m, i in order.items()
+            }
+        for j, ts in sorted(
+            enumerate(group.timeseries), key=lambda it: order[it[1].measurement_name]
+        ):
             aligned = bool(ts.layout)
             timeline = ts.timeline_statistic if aligned else ts.statistic
             shard = Shard(
@@ -260,8 +272,9 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
                 end_time=timeline.end_time,
             )
             dtype = NUMERIC_TYPES.get(ts.data_type, ts.data_type.name)
-            fields.append((f"{_device_name(device)}.{ts.measurement_name}", dtype, shard,
-                           ts.statistic))
+            fields.append(
+                (f"{_device_name(device)}.{ts.measurement_name}", dtype, shard, ts.statistic)
+            )
     return info, fields
 
 
@@ -269,8 +282,10 @@ def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> 
     numeric = [c for c in all_columns.values() if c.dtype in NUMERIC_TYPES.values()]
     if requested is None:
         if not numeric:
-            raise SchemaError("the sources hold no numeric fields (BOOLEAN, INT32, INT64, FLOAT, "
-                              "DOUBLE, TIMESTAMP); nothing to read")
+            raise SchemaError(
+                "the sources hold no numeric fields (BOOLEAN, INT32, INT64, FLOAT, "
+                "DOUBLE, TIMESTAMP); nothing to read"
+            )
         return numeric
     if isinstance(requested, str):
         requested = [requested]
@@ -307,7 +322,7 @@ def _place_shards(col: Column, files: Sequence[FileInfo]) -> None:
     col.shards.sort(key=lambda s: (s.start_time, s.file_index))
     start = 0
     placed = []
-    for prev, shard in zip([None, *col.shards[:-1]], col.shards):
+    for prev, shard in zip([None, *col.shards[:-1]], col.shards, strict=True):
         if prev is not None and shard.start_time <= prev.end_time:
             raise SchemaError(
                 f"column {col.name!r}: time ranges overlap between {files[prev.file_index].name} "
@@ -335,23 +350,27 @@ def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:
                 key = (shard.file_index, shard.device, False, shard.start_row, pos)
             buckets.setdefault(key, []).append((pos, shard))
     groups = []
-    for key, members in buckets.items():
+    for members in buckets.values():
         first = members[0][1]
-        groups.append(ReadGroup(
-            file_index=first.file_index,
-            device=first.device,
-            aligned=first.aligned,
-            start_row=first.start_row,
-            num_rows=first.num_rows,
-            columns=tuple(p for p, _ in members),
-            shards=tuple(s for _, s in members),
-        ))
+        groups.append(
+            ReadGroup(
+                file_index=first.file_index,
+                device=first.device,
+                aligned=first.aligned,
+                start_row=first.start_row,
+                num_rows=first.num_rows,
+                columns=tuple(p for p, _ in members),
+                shards=tuple(s for _, s in members),
+            )
+        )
     groups.sort(key=lambda g: (g.file_index, g.start_row, g.columns))
     return tuple(groups)
 
 
-def build_catalog(sources: Source | Sequence[Source], columns: Sequence[str] | str | None = None,
-                  ) -> Catalog:
+def build_catalog(
+    sources: Source | Sequence[Source],
+    columns: Sequence[str] | str | None = None,
+) -> Catalog:
     """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
 
     Args:
@@ -402,7 +421,11 @@ def _add_statistic(col: Column, stat) -> None:
     if not getattr(stat, "has_statistic", False):
         return
     col.num_values += stat.row_count
-    low, high, total = _stat_value(stat, "min"), _stat_value(stat, "max"), getattr(stat, "sum", None)
+    low, high, total = (
+        _stat_value(stat, "min"),
+        _stat_value(stat, "max"),
+        getattr(stat, "sum", None),
+    )
     if low is not None:
         col.min = low if col.min is None else min(col.min, low)
     if high is not None:
@@ -415,8 +438,11 @@ def _check_timeline(columns: Iterable[Column]) -> None:
     columns = list(columns)
     ref = columns[0]
     for col in columns[1:]:
-        if (col.num_rows, col.start_time, col.end_time) != (ref.num_rows, ref.start_time,
-                                                            ref.end_time):
+        if (col.num_rows, col.start_time, col.end_time) != (
+            ref.num_rows,
+            ref.start_time,
+            ref.end_time,
+        ):
             raise SchemaError(
                 f"columns do not share one timeline: {ref.name!r} has {ref.num_rows} rows in "
                 f"[{ref.start_time}, {ref.end_time}], {col.name!r} has {col.num_rows} rows in "

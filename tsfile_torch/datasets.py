@@ -14,8 +14,8 @@ reaches persistent workers. Until ``set_epoch`` is first called, each new pass o
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator, Sequence
 from multiprocessing import sharedctypes
-from typing import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -79,7 +79,8 @@ class _TsFileBase:
                 _NUMPY_DTYPE.get(self.options.dtype, np.float32),
                 block_rows=self.options.block_rows,
                 cache_bytes=(None if self.options.cache == "none" else 1 << 62)
-                if self.options.cache_bytes is None else self.options.cache_bytes,
+                if self.options.cache_bytes is None
+                else self.options.cache_bytes,
             )
         return self._reader
 
@@ -115,8 +116,9 @@ class _TsFileBase:
         """Return the first row of every item of ``epoch``, before sharding, in order."""
         o = self.options
         if o.random_batches is not None:
-            return sampling.random_window_starts(self.num_rows, o.batch_size, o.random_batches,
-                                                 o.seed, epoch)
+            return sampling.random_window_starts(
+                self.num_rows, o.batch_size, o.random_batches, o.seed, epoch
+            )
         starts = sampling.batch_starts(self.num_rows, o.batch_size, o.drop_last)
         return starts[sampling.epoch_items(len(starts), o.shuffle, o.seed, epoch)]
 
@@ -132,9 +134,11 @@ class _TsFileBase:
 
     def __repr__(self) -> str:
         o = self.options
-        return (f"{type(self).__name__}({len(self.catalog.files)} files, {len(self.columns)} "
-                f"columns, {self.num_rows} rows, batch_size={o.batch_size}, "
-                f"read_backend={o.read_backend!r}, cache={o.cache!r})")
+        return (
+            f"{type(self).__name__}({len(self.catalog.files)} files, {len(self.columns)} "
+            f"columns, {self.num_rows} rows, batch_size={o.batch_size}, "
+            f"read_backend={o.read_backend!r}, cache={o.cache!r})"
+        )
 
 
 def _spawning() -> bool:
@@ -175,13 +179,30 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
         TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: on bad input.
     """
 
-    def __init__(self, sources: Source | Sequence[Source], columns: Sequence[str] | None = None,
-                 batch_size: int = 8192, shuffle: bool = False, seed: int = 0,
-                 drop_last: bool = False, read_backend="auto", dtype=torch.float32,
-                 random_batches: int | None = None, **kwargs):
-        options = DatasetOptions(columns=columns, batch_size=batch_size, shuffle=shuffle,
-                                 seed=seed, drop_last=drop_last, read_backend=read_backend,
-                                 dtype=dtype, random_batches=random_batches, **kwargs)
+    def __init__(
+        self,
+        sources: Source | Sequence[Source],
+        columns: Sequence[str] | None = None,
+        batch_size: int = 8192,
+        shuffle: bool = False,
+        seed: int = 0,
+        drop_last: bool = False,
+        read_backend="auto",
+        dtype=torch.float32,
+        random_batches: int | None = None,
+        **kwargs,
+    ):
+        options = DatasetOptions(
+            columns=columns,
+            batch_size=batch_size,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            read_backend=read_backend,
+            dtype=dtype,
+            random_batches=random_batches,
+            **kwargs,
+        )
         _TsFileBase.__init__(self, sources, options)
 
     def _epoch_for_iteration(self) -> int:
@@ -190,11 +211,13 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
         self._local_epoch += 1
         return self._local_epoch
 
-    def items_for(self, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0,
-                  num_workers: int = 1) -> np.ndarray:
+    def items_for(
+        self, epoch: int, rank: int = 0, world_size: int = 1, worker: int = 0, num_workers: int = 1
+    ) -> np.ndarray:
         """Return the first rows of the batches one worker of one rank yields in ``epoch``."""
-        items = sampling.shard_for_rank(self._windows(epoch), rank, world_size,
-                                        self.options.drop_last)
+        items = sampling.shard_for_rank(
+            self._windows(epoch), rank, world_size, self.options.drop_last
+        )
         return sampling.shard_for_worker(items, worker, num_workers)
 
     def __len__(self) -> int:
@@ -222,16 +245,33 @@ class TsFileDataset(_TsFileBase, tud.Dataset):
     Takes the arguments of :class:`TsFileIterableDataset` except ``shuffle``.
     """
 
-    def __init__(self, sources: Source | Sequence[Source], columns: Sequence[str] | None = None,
-                 batch_size: int = 8192, seed: int = 0, drop_last: bool = False,
-                 read_backend="auto", dtype=torch.float32, random_batches: int | None = None,
-                 **kwargs):
+    def __init__(
+        self,
+        sources: Source | Sequence[Source],
+        columns: Sequence[str] | None = None,
+        batch_size: int = 8192,
+        seed: int = 0,
+        drop_last: bool = False,
+        read_backend="auto",
+        dtype=torch.float32,
+        random_batches: int | None = None,
+        **kwargs,
+    ):
         if "shuffle" in kwargs:
-            raise TypeError("TsFileDataset takes no shuffle argument: shuffle with a sampler, "
-                            "e.g. DataLoader(ds, batch_size=None, sampler=RandomSampler(ds))")
-        options = DatasetOptions(columns=columns, batch_size=batch_size, seed=seed,
-                                 drop_last=drop_last, read_backend=read_backend, dtype=dtype,
-                                 random_batches=random_batches, **kwargs)
+            raise TypeError(
+                "TsFileDataset takes no shuffle argument: shuffle with a sampler, "
+                "e.g. DataLoader(ds, batch_size=None, sampler=RandomSampler(ds))"
+            )
+        options = DatasetOptions(
+            columns=columns,
+            batch_size=batch_size,
+            seed=seed,
+            drop_last=drop_last,
+            read_backend=read_backend,
+            dtype=dtype,
+            random_batches=random_batches,
+            **kwargs,
+        )
         _TsFileBase.__init__(self, sources, options)
         self._window_cache: tuple[int, np.ndarray] | None = None
 

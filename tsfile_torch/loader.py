@@ -29,9 +29,14 @@ def worker_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
-def make_loader(dataset: TsFileIterableDataset | TsFileDataset, num_workers: int = 0, *,
-                shuffle: bool = False, pin_memory: bool | None = None, **kwargs,
-                ) -> tud.DataLoader:
+def make_loader(
+    dataset: TsFileIterableDataset | TsFileDataset,
+    num_workers: int = 0,
+    *,
+    shuffle: bool = False,
+    pin_memory: bool | None = None,
+    **kwargs,
+) -> tud.DataLoader:
     """Return a DataLoader that yields the dataset's batches as they are.
 
     The dataset already batches, so ``batch_size=None``; workers are persistent so each keeps its
@@ -51,27 +56,37 @@ def make_loader(dataset: TsFileIterableDataset | TsFileDataset, num_workers: int
         TypeError / ValueError: on a wrong dataset or argument.
     """
     if not isinstance(dataset, (TsFileIterableDataset, TsFileDataset)):
-        raise TypeError(f"dataset must be a TsFileIterableDataset or TsFileDataset; got "
-                        f"{type(dataset).__name__}")
+        raise TypeError(
+            f"dataset must be a TsFileIterableDataset or TsFileDataset; got "
+            f"{type(dataset).__name__}"
+        )
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers should be a non-negative integer value, but got "
-                         f"num_workers={num_workers!r}")
+        raise ValueError(
+            f"num_workers should be a non-negative integer value, but got "
+            f"num_workers={num_workers!r}"
+        )
     if "batch_size" in kwargs and kwargs["batch_size"] is not None:
-        raise ValueError("the dataset yields whole batches; set batch_size on the dataset, not "
-                         "on the loader")
+        raise ValueError(
+            "the dataset yields whole batches; set batch_size on the dataset, not on the loader"
+        )
     kwargs.pop("batch_size", None)
     if shuffle and isinstance(dataset, TsFileIterableDataset):
-        raise ValueError("shuffle belongs to TsFileIterableDataset(shuffle=True), not to the "
-                         "loader")
+        raise ValueError(
+            "shuffle belongs to TsFileIterableDataset(shuffle=True), not to the loader"
+        )
     if shuffle and "sampler" not in kwargs:
         kwargs["sampler"] = tud.RandomSampler(dataset)
     if num_workers > len(dataset):
-        warnings.warn(f"num_workers={num_workers} exceeds the {len(dataset)} batches per epoch; "
-                      f"some workers will have nothing to read", stacklevel=2)
+        warnings.warn(
+            f"num_workers={num_workers} exceeds the {len(dataset)} batches per epoch; "
+            f"some workers will have nothing to read",
+            stacklevel=2,
+        )
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
     kwargs.setdefault("persistent_workers", num_workers > 0)
     if num_workers > 0 and kwargs.get("multiprocessing_context") is None:
         kwargs["multiprocessing_context"] = worker_context()
-    return tud.DataLoader(dataset, batch_size=None, num_workers=num_workers,
-                          pin_memory=pin_memory, **kwargs)
+    return tud.DataLoader(
+        dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
+    )

@@ -40,8 +40,10 @@ def _bool(name: str, value: Any) -> bool:
 def _dtype_name(value: Any) -> str:
     name = str(value).replace("torch.", "")
     if name not in _FLOAT_DTYPES:
-        raise ValueError(f"dtype must be one of torch.float16, torch.bfloat16, torch.float32, "
-                         f"torch.float64; got {value!r}")
+        raise ValueError(
+            f"dtype must be one of torch.float16, torch.bfloat16, torch.float32, "
+            f"torch.float64; got {value!r}"
+        )
     return name
 
 
@@ -85,8 +87,10 @@ class DatasetOptions:
             cols = (cols,)
         if cols is not None:
             if not isinstance(cols, (list, tuple)) or not cols:
-                raise ValueError(f"columns must be None or a non-empty list of names / glob "
-                                 f"patterns; got {self.columns!r}")
+                raise ValueError(
+                    f"columns must be None or a non-empty list of names / glob "
+                    f"patterns; got {self.columns!r}"
+                )
             for c in cols:
                 if not isinstance(c, str):
                     raise TypeError(f"columns must hold str names or patterns; got {c!r}")
@@ -102,15 +106,18 @@ class DatasetOptions:
         set_("dtype", _dtype_name(self.dtype))
         _positive_int("random_batches", self.random_batches, allow_none=True)
         if self.cache not in CACHE_MODES:
-            raise ValueError(f"cache must be one of {', '.join(map(repr, CACHE_MODES))}; "
-                             f"got {self.cache!r}")
+            raise ValueError(
+                f"cache must be one of {', '.join(map(repr, CACHE_MODES))}; got {self.cache!r}"
+            )
         _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
         _positive_int("block_rows", self.block_rows)
         if self.random_batches is not None and self.shuffle:
-            raise ValueError("random_batches draws random windows already; shuffle=True cannot "
-                             "be combined with it: leave shuffle=False")
+            raise ValueError(
+                "random_batches draws random windows already; shuffle=True cannot "
+                "be combined with it: leave shuffle=False"
+            )
 
-    def replace(self, **changes) -> "DatasetOptions":
+    def replace(self, **changes) -> DatasetOptions:
         """Return a copy with ``changes`` applied and validated."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)

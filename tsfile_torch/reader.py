@@ -67,14 +67,23 @@ class BatchReader:
             :func:`default_cache_bytes`, ``0`` to decode exactly the rows asked for.
     """
 
-    def __init__(self, catalog: Catalog, read_backend: str = "auto", dtype=np.float32,
-                 block_rows: int = DEFAULT_BLOCK_ROWS, cache_bytes: int | None = None):
+    def __init__(
+        self,
+        catalog: Catalog,
+        read_backend: str = "auto",
+        dtype=np.float32,
+        block_rows: int = DEFAULT_BLOCK_ROWS,
+        cache_bytes: int | None = None,
+    ):
         self.catalog = catalog
         self.read_backend = read_backend
         self.dtype = np.dtype(dtype)
         self.block_rows = block_rows
-        self.cache_bytes = (default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
-                            if cache_bytes is None else cache_bytes)
+        self.cache_bytes = (
+            default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
+            if cache_bytes is None
+            else cache_bytes
+        )
         self.pid = os.getpid()
         #: Native opens done by this reader (a test of reuse across epochs reads it).
         self.open_count = 0
@@ -85,12 +94,16 @@ class BatchReader:
         self._cache: OrderedDict[tuple[int, int], _Block] = OrderedDict()
         self._cached_bytes = 0
         self._ref_groups = {i for i, g in enumerate(catalog.groups) if 0 in g.columns}
-        self._read_order = sorted(range(len(catalog.groups)), key=lambda i: i not in self._ref_groups)
+        self._read_order = sorted(
+            range(len(catalog.groups)), key=lambda i: i not in self._ref_groups
+        )
 
     # -- lifetime -------------------------------------------------------------------------
     def __getstate__(self):
-        raise TypeError("BatchReader holds native readers and cannot be pickled; pickle the "
-                        "dataset instead, which drops its reader")
+        raise TypeError(
+            "BatchReader holds native readers and cannot be pickled; pickle the "
+            "dataset instead, which drops its reader"
+        )
 
     @property
     def num_open(self) -> int:
@@ -128,8 +141,9 @@ class BatchReader:
             try:
                 st = os.stat(info.source)
             except OSError as err:
-                raise TsFileFormatError(f"{info.name}: file disappeared while in use ({err}); "
-                                        f"rebuild the dataset") from err
+                raise TsFileFormatError(
+                    f"{info.name}: file disappeared while in use ({err}); rebuild the dataset"
+                ) from err
             if (st.st_size, st.st_mtime_ns) != (info.nbytes, info.mtime_ns):
                 raise TsFileFormatError(
                     f"{info.name}: file changed while in use (size {info.nbytes} -> "
@@ -139,8 +153,10 @@ class BatchReader:
 
     def _reader(self, file_index: int):
         if self.pid != os.getpid():
-            raise RuntimeError("BatchReader used in a process other than the one that created "
-                               "it; create a new BatchReader per process")
+            raise RuntimeError(
+                "BatchReader used in a process other than the one that created "
+                "it; create a new BatchReader per process"
+            )
         reader = self._readers.get(file_index)
         if reader is None:
             info = self.catalog.files[file_index]
@@ -161,9 +177,19 @@ class BatchReader:
             reader = self._reader(group.file_index)
             handles, owner = [], None
             for shard in group.shards:
-                locator = (0, group.file_index, info.nbytes, 0, shard.meta_index, int(shard.aligned),
-                           0, shard.value_offset, shard.value_length, shard.time_offset,
-                           shard.time_length)
+                locator = (
+                    0,
+                    group.file_index,
+                    info.nbytes,
+                    0,
+                    shard.meta_index,
+                    int(shard.aligned),
+                    0,
+                    shard.value_offset,
+                    shard.value_length,
+                    shard.time_offset,
+                    shard.time_length,
+                )
                 try:
                     handle = reader.prepare_series(locator, time_owner=owner, trust_index=True)
                 except Exception as err:
@@ -179,8 +205,11 @@ class BatchReader:
 
     def mapped_files(self) -> dict[str, bool]:
         """Return, per open file path, whether it is mapped in this process right now."""
-        return {self.catalog.files[i].name: is_mapped(self.catalog.files[i].name)
-                for i in self._readers if isinstance(self.catalog.files[i].source, str)}
+        return {
+            self.catalog.files[i].name: is_mapped(self.catalog.files[i].name)
+            for i in self._readers
+            if isinstance(self.catalog.files[i].source, str)
+        }
 
     # -- decoding -------------------------------------------------------------------------
     def _decode(self, group_index: int, start: int, num_rows: int) -> _Block:
@@ -204,11 +233,13 @@ class BatchReader:
                         if pos + n > num_rows:
                             raise TsFileFormatError(self._lost(group, start, num_rows, pos + n))
                         if k0 == 0:
-                            times[pos:pos + n] = batch.column(0).to_numpy(zero_copy_only=False)
-                        elif not np.array_equal(times[pos:pos + n], batch.column(0).to_numpy()):
-                            raise SchemaError(self._misaligned(group, group.start_row + start + pos))
+                            times[pos : pos + n] = batch.column(0).to_numpy(zero_copy_only=False)
+                        elif not np.array_equal(times[pos : pos + n], batch.column(0).to_numpy()):
+                            raise SchemaError(
+                                self._misaligned(group, group.start_row + start + pos)
+                            )
                         for k in range(1, batch.num_columns):
-                            values[k0 + k - 1, pos:pos + n] = _as_float(batch.column(k))
+                            values[k0 + k - 1, pos : pos + n] = _as_float(batch.column(k))
                         pos += n
                 if pos != num_rows:
                     raise TsFileFormatError(self._lost(group, start, num_rows, pos))
@@ -225,16 +256,22 @@ class BatchReader:
 
     def _lost(self, group: ReadGroup, start: int, num_rows: int, got: int) -> str:
         info = self.catalog.files[group.file_index]
-        return (f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows for "
-                f"rows [{start}, {start + num_rows}), expected {num_rows}; metadata and data "
-                f"disagree (damaged or changed file)")
+        return (
+            f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows for "
+            f"rows [{start}, {start + num_rows}), expected {num_rows}; metadata and data "
+            f"disagree (damaged or changed file)"
+        )
 
     def _misaligned(self, group: ReadGroup, row: int, ref_time=None, time=None) -> str:
         names = [self.catalog.columns[c].name for c in group.columns]
-        where = f"at row {row} (time {ref_time} vs {time})" if time is not None else f"near row {row}"
-        return (f"columns {names} do not share timestamps with column "
-                f"{self.catalog.columns[0].name!r} {where}; select columns with equal "
-                f"timestamps (time-aligned joins are not supported yet)")
+        where = (
+            f"at row {row} (time {ref_time} vs {time})" if time is not None else f"near row {row}"
+        )
+        return (
+            f"columns {names} do not share timestamps with column "
+            f"{self.catalog.columns[0].name!r} {where}; select columns with equal "
+            f"timestamps (time-aligned joins are not supported yet)"
+        )
 
     def _block(self, group_index: int, block: int) -> _Block:
         key = (group_index, block)
@@ -268,8 +305,12 @@ class BatchReader:
             a, b = max(local_lo, b0), min(local_hi, b0 + self.block_rows)
             yield group.start_row + a - start_row, a - b0, b - b0, self._block(group_index, block)
 
-    def read(self, start_row: int, stop_row: int, out: np.ndarray | None = None,
-             ) -> tuple[np.ndarray, np.ndarray]:
+    def read(
+        self,
+        start_row: int,
+        stop_row: int,
+        out: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Read rows ``[start_row, stop_row)`` of every column.
 
         Args:
@@ -287,15 +328,19 @@ class BatchReader:
             TsFileFormatError: a file cannot be read or returned fewer rows than its metadata.
         """
         if not 0 <= start_row < stop_row <= self.catalog.num_rows:
-            raise ValueError(f"row range [{start_row}, {stop_row}) is outside the dataset's "
-                             f"{self.catalog.num_rows} rows or empty")
+            raise ValueError(
+                f"row range [{start_row}, {stop_row}) is outside the dataset's "
+                f"{self.catalog.num_rows} rows or empty"
+            )
         n = stop_row - start_row
         ncols = len(self.catalog.columns)
         if out is None:
             out = np.empty((n, ncols), dtype=self.dtype)
         elif out.shape != (n, ncols) or out.dtype != self.dtype:
-            raise ValueError(f"out must have shape {(n, ncols)} and dtype {self.dtype}; got "
-                             f"{out.shape} {out.dtype}")
+            raise ValueError(
+                f"out must have shape {(n, ncols)} and dtype {self.dtype}; got "
+                f"{out.shape} {out.dtype}"
+            )
         times = np.empty(n, dtype=np.int64)
         for gi in self._read_order:
             group = self.catalog.groups[gi]
@@ -305,12 +350,15 @@ class BatchReader:
             for o, a, b, block in self._pieces(gi, start_row, stop_row):
                 m = b - a
                 if gi in self._ref_groups:
-                    times[o:o + m] = block.times[a:b]
-                elif not np.array_equal(times[o:o + m], block.times[a:b]):
-                    bad = int(np.flatnonzero(times[o:o + m] != block.times[a:b])[0])
-                    raise SchemaError(self._misaligned(group, start_row + o + bad,
-                                                       times[o + bad], block.times[a + bad]))
-                out[o:o + m, target] = block.values[:, a:b].T
+                    times[o : o + m] = block.times[a:b]
+                elif not np.array_equal(times[o : o + m], block.times[a:b]):
+                    bad = int(np.flatnonzero(times[o : o + m] != block.times[a:b])[0])
+                    raise SchemaError(
+                        self._misaligned(
+                            group, start_row + o + bad, times[o + bad], block.times[a + bad]
+                        )
+                    )
+                out[o : o + m, target] = block.values[:, a:b].T
         return out, times
 
 

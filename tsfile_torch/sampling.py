@@ -17,8 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["batch_starts", "epoch_items", "random_window_starts", "shard_for_rank",
-           "shard_for_worker", "num_batches"]
+__all__ = [
+    "batch_starts",
+    "epoch_items",
+    "random_window_starts",
+    "shard_for_rank",
+    "shard_for_worker",
+    "num_batches",
+]
 
 
 def num_batches(num_rows: int, batch_size: int, drop_last: bool) -> int:
@@ -36,14 +42,15 @@ def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
 
 
 def epoch_items(count: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    """Return item indices ``0..count-1`` for one epoch: in order, or a (seed, epoch) permutation."""
+    """Return item indices ``0..count-1`` of one epoch: in order, or a (seed, epoch) permutation."""
     if not shuffle:
         return np.arange(count, dtype=np.int64)
     return _rng(seed, epoch, 0).permutation(count).astype(np.int64)
 
 
-def random_window_starts(num_rows: int, batch_size: int, count: int, seed: int,
-                         epoch: int) -> np.ndarray:
+def random_window_starts(
+    num_rows: int, batch_size: int, count: int, seed: int, epoch: int
+) -> np.ndarray:
     """Return ``count`` window starts drawn uniformly from ``[0, num_rows - batch_size]``.
 
     A dataset shorter than one batch gives windows starting at 0 (one short window each).
@@ -69,4 +76,4 @@ def shard_for_worker(items: np.ndarray, worker: int, num_workers: int) -> np.nda
     if num_workers == 1:
         return items
     bounds = np.linspace(0, len(items), num_workers + 1).round().astype(np.int64)
-    return items[bounds[worker]: bounds[worker + 1]]
+    return items[bounds[worker] : bounds[worker + 1]]

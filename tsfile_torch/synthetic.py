@@ -13,11 +13,27 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-from tsfile import (ColumnCategory, ColumnSchema, Compressor, DeviceSchema, TableSchema,
-                    TimeseriesSchema, TSDataType, TSEncoding, TsFileTableWriter, TsFileWriter)
+from tsfile import (
+    ColumnCategory,
+    ColumnSchema,
+    Compressor,
+    DeviceSchema,
+    TableSchema,
+    TimeseriesSchema,
+    TSDataType,
+    TSEncoding,
+    TsFileTableWriter,
+    TsFileWriter,
+)
 
-__all__ = ["REFERENCE", "DatasetSpec", "value_of", "write_reference", "write_table_files",
-           "write_tree_file"]
+__all__ = [
+    "REFERENCE",
+    "DatasetSpec",
+    "value_of",
+    "write_reference",
+    "write_table_files",
+    "write_tree_file",
+]
 
 
 @dataclass(frozen=True)
@@ -58,16 +74,25 @@ def value_of(file: int, column: int, rows) -> np.ndarray:
 
 def _table_schema(spec: DatasetSpec, extra: dict[str, TSDataType]) -> TableSchema:
     cols = [ColumnSchema("device", TSDataType.STRING, ColumnCategory.TAG)]
-    cols += [ColumnSchema(f"s{j}", TSDataType.DOUBLE, ColumnCategory.FIELD)
-             for j in range(spec.fields_per_device)]
+    cols += [
+        ColumnSchema(f"s{j}", TSDataType.DOUBLE, ColumnCategory.FIELD)
+        for j in range(spec.fields_per_device)
+    ]
     cols += [ColumnSchema(name, kind, ColumnCategory.FIELD) for name, kind in extra.items()]
     return TableSchema(spec.table, cols)
 
 
-def write_table_files(directory: str | os.PathLike, spec: DatasetSpec = REFERENCE, *,
-                      start_time: int = 0, interval: int = 1, row_offset: int = 0,
-                      prefix: str = "part", extra_fields: dict[str, TSDataType] | None = None,
-                      null_every: int = 0) -> list[str]:
+def write_table_files(
+    directory: str | os.PathLike,
+    spec: DatasetSpec = REFERENCE,
+    *,
+    start_time: int = 0,
+    interval: int = 1,
+    row_offset: int = 0,
+    prefix: str = "part",
+    extra_fields: dict[str, TSDataType] | None = None,
+    null_every: int = 0,
+) -> list[str]:
     """Write a table-model dataset, one file per ``spec.num_files``; return the paths.
 
     File ``f`` holds devices ``d{f * devices_per_file + i}`` with DOUBLE fields ``s0..``; field
@@ -124,8 +149,13 @@ def _extra_column(kind: TSDataType, rows: np.ndarray) -> pa.Array:
     return pa.array(rows.astype(np.float64))
 
 
-def write_tree_file(path: str | os.PathLike, devices: int = 2, num_rows: int = 1000,
-                    file_index: int = 0, group: str = "root.sg") -> list[str]:
+def write_tree_file(
+    path: str | os.PathLike,
+    devices: int = 2,
+    num_rows: int = 1000,
+    file_index: int = 0,
+    group: str = "root.sg",
+) -> list[str]:
     """Write a tree-model file (non-aligned series); return its column names in order.
 
     Device ``{group}.d{k}`` has DOUBLE ``m0``, INT64 ``m1``, BOOLEAN ``m2`` and TEXT ``note``;
@@ -135,16 +165,26 @@ def write_tree_file(path: str | os.PathLike, devices: int = 2, num_rows: int = 1
     path = os.fspath(path)
     if os.path.exists(path):
         os.remove(path)
-    kinds = [("m0", TSDataType.DOUBLE, TSEncoding.GORILLA), ("m1", TSDataType.INT64,
-             TSEncoding.TS_2DIFF), ("m2", TSDataType.BOOLEAN, TSEncoding.PLAIN),
-             ("note", TSDataType.TEXT, TSEncoding.PLAIN)]
+    kinds = [
+        ("m0", TSDataType.DOUBLE, TSEncoding.GORILLA),
+        ("m1", TSDataType.INT64, TSEncoding.TS_2DIFF),
+        ("m2", TSDataType.BOOLEAN, TSEncoding.PLAIN),
+        ("note", TSDataType.TEXT, TSEncoding.PLAIN),
+    ]
     writer = TsFileWriter(path)
     names = []
     try:
         for k in range(devices):
             device = f"{group}.d{k}"
-            writer.register_device(DeviceSchema(device, [
-                TimeseriesSchema(name, kind, enc, Compressor.LZ4) for name, kind, enc in kinds]))
+            writer.register_device(
+                DeviceSchema(
+                    device,
+                    [
+                        TimeseriesSchema(name, kind, enc, Compressor.LZ4)
+                        for name, kind, enc in kinds
+                    ],
+                )
+            )
         from tsfile import Tablet
 
         rows = np.arange(num_rows)
@@ -155,7 +195,7 @@ def write_tree_file(path: str | os.PathLike, devices: int = 2, num_rows: int = 1
                 n = min(4096, num_rows - s)
                 tablet = Tablet([name for name, _, _ in kinds], [kind for _, kind, _ in kinds], n)
                 tablet.set_table_name(device)
-                tablet.set_timestamp_list([int(t) for t in rows[s:s + n]])
+                tablet.set_timestamp_list([int(t) for t in rows[s : s + n]])
                 for i in range(n):
                     r = s + i
                     tablet.add_value_by_index(0, i, float(m0[r]))
