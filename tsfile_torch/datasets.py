@@ -41,6 +41,8 @@ class _TsFileBase:
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
         self._epoch = sharedctypes.RawValue("q", -1)
+        # -1: options.random_batches decides; 0: full passes; N > 0: N random windows
+        self._random = sharedctypes.RawValue("q", -1)
         self._local_epoch = -1
         self._reader: BatchReader | None = None
         self._reader_epoch = None
@@ -52,11 +54,13 @@ class _TsFileBase:
         state["_reader_epoch"] = None
         if not _spawning():
             state["_epoch"] = int(self._epoch.value)
+            state["_random"] = int(self._random.value)
         return state
 
     def __setstate__(self, state):
-        if isinstance(state["_epoch"], int):
-            state["_epoch"] = sharedctypes.RawValue("q", state["_epoch"])
+        for key in ("_epoch", "_random"):
+            if isinstance(state[key], int):
+                state[key] = sharedctypes.RawValue("q", state[key])
         self.__dict__.update(state)
 
     # -- public surface -------------------------------------------------------------------
@@ -97,6 +101,28 @@ class _TsFileBase:
             raise ValueError(f"epoch should be a non-negative integer, but got epoch={epoch!r}")
         self._epoch.value = epoch
 
+    def set_random_batches(self, count: int | None) -> None:
+        """Switch later epochs to ``count`` random windows, or back to full passes with ``None``.
+
+        Like :meth:`set_epoch` it reaches persistent workers, so one loader (and its open
+        readers and caches) can alternate sequential epochs and random-window epochs.
+        """
+        if count is not None and (
+            isinstance(count, bool) or not isinstance(count, int) or count <= 0
+        ):
+            raise ValueError(
+                f"count should be a positive integer value or None, but got count={count!r}"
+            )
+        self._random.value = 0 if count is None else count
+
+    @property
+    def random_batches(self) -> int | None:
+        """Random windows per epoch now in force (``None``: full passes over the rows)."""
+        value = int(self._random.value)
+        if value < 0:
+            return self.options.random_batches
+        return value or None
+
     def close(self) -> None:
         """Close this process's readers (they reopen on the next read)."""
         if self._reader is not None:
@@ -115,9 +141,9 @@ class _TsFileBase:
     def _windows(self, epoch: int) -> np.ndarray:
         """Return the first row of every item of ``epoch``, before sharding, in order."""
         o = self.options
-        if o.random_batches is not None:
+        if self.random_batches is not None:
             return sampling.random_window_starts(
-                self.num_rows, o.batch_size, o.random_batches, o.seed, epoch
+                self.num_rows, o.batch_size, self.random_batches, o.seed, epoch
             )
         starts = sampling.batch_starts(self.num_rows, o.batch_size, o.drop_last)
         return starts[sampling.epoch_items(len(starts), o.shuffle, o.seed, epoch)]
@@ -277,8 +303,8 @@ class TsFileDataset(_TsFileBase, tud.Dataset):
 
     def __len__(self) -> int:
         o = self.options
-        if o.random_batches is not None:
-            return o.random_batches
+        if self.random_batches is not None:
+            return self.random_batches
         return sampling.num_batches(self.num_rows, o.batch_size, o.drop_last)
 
     def __getitem__(self, index: int):
@@ -290,10 +316,11 @@ class TsFileDataset(_TsFileBase, tud.Dataset):
         index = int(index) % n
         epoch = max(int(self._epoch.value), 0)
         reader = self._start_epoch(epoch)
-        if self.options.random_batches is None:
+        if self.random_batches is None:
             start = index * self.options.batch_size
         else:
-            if self._window_cache is None or self._window_cache[0] != epoch:
-                self._window_cache = (epoch, self._windows(epoch))
+            key = (epoch, self.random_batches)
+            if self._window_cache is None or self._window_cache[0] != key:
+                self._window_cache = (key, self._windows(epoch))
             start = self._window_cache[1][index]
         return self._batch(reader, start)
