@@ -68,3 +68,37 @@ def test_set_random_batches_switches_a_live_dataset(tiny_dir):
     assert len(list(ds)) == 6
     with pytest.raises(ValueError, match="count=0"):
         ds.set_random_batches(0)
+
+
+def test_read_backend_benchmark_quick_reports_every_state(tiny_dir, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    out = tmp_path / "scan.jsonl"
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "read_backend.py"
+    run = subprocess.run(
+        [
+            sys.executable,
+            str(script),
+            "--quick",
+            "--no-progress",
+            "--data",
+            str(tiny_dir),
+            "--json",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    states = {(r["state"], r["method"]) for r in records}
+    assert ("warm, fresh mapping", "mmap") in states and (
+        "warm, pre-touched mapping",
+        "pread",
+    ) in states
+    total = sum(p.stat().st_size for p in tiny_dir.glob("*.tsfile"))
+    assert all(r["bytes"] == total for r in records)  # every scan read every byte
+    assert "mmap/pread" in run.stdout

@@ -1,9 +1,10 @@
 """Write TsFiles with known values, with tsfile's own writers (tests, benchmarks, examples).
 
 Every value is :func:`value_of` ``(file, column, row)``: an integer part that names the file and
-the column, plus a pseudo-random fraction from a hash of the row, so values are unique, exactly
-representable in float32 (integer part < 2**13, fraction on a 2**-10 grid) and barely compressible
-like real sensor data. Timestamps are ``start_time + row * interval``.
+the column, plus a pseudo-random 53-bit fraction from a hash of (file, column, row), so values are
+unique and barely compressible, like noisy sensor data (GORILLA + LZ4 store ~6.5 bytes per value).
+Tests compare with ``value_of(...)`` converted to the output dtype, which is exact.
+Timestamps are ``start_time + row * interval``.
 """
 
 from __future__ import annotations
@@ -62,13 +63,13 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def value_of(file: int, column: int, rows) -> np.ndarray:
     """Return the float64 values of ``column`` (index inside its file) of ``file`` at ``rows``.
 
-    ``file * 64 + column`` is the integer part (up to 8,191); the fraction is ``k / 1024`` with
-    ``k`` a hash of (file, column, row).
+    ``file * 64 + column`` is the integer part; the fraction is ``k / 2**53`` with ``k`` the top
+    53 bits of a hash of (file, column, row).
     """
     rows = np.asarray(rows, dtype=np.uint64)
     with np.errstate(over="ignore"):
         key = rows * np.uint64(1 << 20) + np.uint64(file * 4096 + column)
-        frac = (_mix(key) >> np.uint64(54)).astype(np.float64) / 1024.0
+        frac = (_mix(key) >> np.uint64(11)).astype(np.float64) * 2.0**-53
     return float(file * 64 + column) + frac
 
 
