@@ -82,11 +82,20 @@ class _TsFileBase:
                 self.options.read_backend,
                 _NUMPY_DTYPE.get(self.options.dtype, np.float32),
                 block_rows=self.options.block_rows,
+                malloc_tuning=self.options.malloc_tuning,
+                decode_threads=self._decode_threads(),
                 cache_bytes=(None if self.options.cache == "none" else 1 << 62)
                 if self.options.cache_bytes is None
                 else self.options.cache_bytes,
             )
         return self._reader
+
+    def _decode_threads(self) -> int:
+        if self.options.decode_threads is not None:
+            return self.options.decode_threads
+        if tud.get_worker_info() is not None:
+            return 1
+        return max(1, min(4, os.cpu_count() or 1))
 
     @property
     def backends(self) -> dict[str, str]:

@@ -65,6 +65,12 @@ class DatasetOptions:
         cache_bytes: block-cache budget per process for ``cache="none"`` (``None``: default).
         block_rows: rows decoded per native call.
         return_timestamps: yield ``(values, timestamps)`` instead of ``values``.
+        malloc_tuning: apply :func:`tsfile_torch.reader.tune_malloc` in each reading process
+            (glibc only; keeps decode buffers mapped between queries: faster, may hold up to
+            1 GiB of freed heap).
+        decode_threads: threads decoding different files / devices at once in a reading
+            process; ``None``: up to 4 (the CPU count) with ``num_workers=0``, 1 inside
+            DataLoader workers (the workers already use the cores).
     """
 
     columns: tuple[str, ...] | None = None
@@ -79,6 +85,8 @@ class DatasetOptions:
     cache_bytes: int | None = None
     block_rows: int = DEFAULT_BLOCK_ROWS
     return_timestamps: bool = False
+    malloc_tuning: bool = True
+    decode_threads: int | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -100,6 +108,8 @@ class DatasetOptions:
         _bool("shuffle", self.shuffle)
         _bool("drop_last", self.drop_last)
         _bool("return_timestamps", self.return_timestamps)
+        _bool("malloc_tuning", self.malloc_tuning)
+        _positive_int("decode_threads", self.decode_threads, allow_none=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise TypeError(f"seed should be a non-negative integer, but got seed={self.seed!r}")
         set_("read_backend", parse_backend(self.read_backend))
