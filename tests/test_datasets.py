@@ -228,13 +228,30 @@ def test_dataset_pickles_without_native_readers(small_dir, small_expected):
     )
 
 
-def test_memory_cache_keeps_decoded_blocks_across_epochs(small_dir, small_expected):
-    ds = TsFileIterableDataset(small_dir, batch_size=1000, cache="memory")
-    first = torch.cat(list(ds))
-    cached = ds.reader.cached_bytes
-    assert cached >= small_expected.size * 4
-    second = torch.cat(list(ds))
-    assert ds.reader.cached_bytes == cached and torch.equal(first, second)
+def test_memory_cache_keeps_rows_across_epochs_and_stops_decoding(
+    small_dir, small_expected, read_backend
+):
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=1000, cache="memory", shuffle=True, read_backend=read_backend
+    )
+    first = list(ds)
+    assert ds.reader.kept_bytes == 5000 * (18 * 4 + 8 + 1)
+    decoded = ds.reader.decoded_rows
+    assert decoded >= 5000
+    second = list(ds)
+    assert ds.reader.decoded_rows == decoded  # epoch 2 decoded nothing
+    full = small_expected.astype(np.float32)
+    for batches in (first, second):
+        values = np.concatenate([b.numpy() for b in batches])
+        assert sorted(map(bytes, values)) == sorted(map(bytes, full))
+    second[0].add_(1.0)  # batches are copies: changing one leaves the cache intact
+    third = np.concatenate([b.numpy() for b in ds])
+    assert sorted(map(bytes, third)) == sorted(map(bytes, full))
+
+
+def test_streaming_without_block_cache_reads_the_same_values(small_dir, small_expected):
     streaming = TsFileIterableDataset(small_dir, batch_size=1000, cache_bytes=0)
-    assert torch.equal(torch.cat(list(streaming)), first)
+    np.testing.assert_array_equal(
+        torch.cat(list(streaming)).numpy(), small_expected.astype(np.float32)
+    )
     assert streaming.reader.cached_bytes == 0

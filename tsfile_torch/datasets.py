@@ -84,10 +84,10 @@ class _TsFileBase:
                 block_rows=self.options.block_rows,
                 malloc_tuning=self.options.malloc_tuning,
                 decode_threads=self._decode_threads(),
-                cache_bytes=(None if self.options.cache == "none" else 1 << 62)
-                if self.options.cache_bytes is None
-                else self.options.cache_bytes,
+                cache_bytes=self.options.cache_bytes,
             )
+            if self.options.cache == "memory":
+                self._reader.keep_all()
         return self._reader
 
     def _decode_threads(self) -> int:
@@ -253,7 +253,12 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
         items = sampling.shard_for_rank(
             self._windows(epoch), rank, world_size, self.options.drop_last
         )
-        return sampling.shard_for_worker(items, worker, num_workers)
+        if num_workers == 1:
+            return items
+        lo, hi = sampling.worker_row_range(
+            self.num_rows, self.options.batch_size, worker, num_workers
+        )
+        return sampling.shard_by_rows(items, lo, hi)
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (all workers together)."""
@@ -266,6 +271,12 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
         info = tud.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         reader = self._start_epoch(epoch)
+        if num_workers > 1:
+            # decode only this worker's rows: one block spans its whole range (see sampling)
+            lo, hi = sampling.worker_row_range(
+                self.num_rows, self.options.batch_size, worker, num_workers
+            )
+            reader.set_block_rows(min(self.options.block_rows, max(hi - lo, 1)))
         for start in self.items_for(epoch, rank, world, worker, num_workers):
             yield self._batch(reader, start)
 

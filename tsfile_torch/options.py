@@ -15,7 +15,8 @@ from .reader import DEFAULT_BLOCK_ROWS
 __all__ = ["CACHE_MODES", "DatasetOptions"]
 
 #: ``none``: streaming; decoded blocks live in a bounded cache emptied at each epoch.
-#: ``memory``: every decoded block is kept in the process across epochs (decode once).
+#: ``memory``: every row read is kept, assembled, in the process across epochs (decode once;
+#: ``num_rows * (num_columns * itemsize + 8)`` bytes per process).
 CACHE_MODES = ("none", "memory")
 
 _FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")

@@ -130,6 +130,8 @@ class BatchReader:
         self.pid = os.getpid()
         #: Native opens done by this reader (a test of reuse across epochs reads it).
         self.open_count = 0
+        #: Rows decoded by native queries, summed over groups (what caches save).
+        self.decoded_rows = 0
         #: File index -> backend the open reader really uses ("mmap" or "pread").
         self.backends: dict[int, str] = {}
         self._readers: dict[int, object] = {}
@@ -140,6 +142,9 @@ class BatchReader:
         # refilled by the next decode of the same shape: fresh arrays would page-fault every
         # epoch (measured: ~140k minor faults per streaming epoch of the reference workload).
         self._spare: dict[tuple[int, int], list[_Block]] = {}
+        self._matrix: np.ndarray | None = None
+        self._matrix_times: np.ndarray | None = None
+        self._filled: np.ndarray | None = None
         self._ref_groups = {i for i, g in enumerate(catalog.groups) if 0 in g.columns}
         self._read_order = sorted(
             range(len(catalog.groups)), key=lambda i: i not in self._ref_groups
@@ -175,6 +180,14 @@ class BatchReader:
         self.backends.clear()
         self.clear_cache()
         self._spare.clear()
+        self._matrix = self._matrix_times = self._filled = None
+
+    def set_block_rows(self, block_rows: int) -> None:
+        """Change the block size; drops cached blocks if it changes."""
+        if block_rows != self.block_rows:
+            self.clear_cache()
+            self._spare.clear()
+            self.block_rows = block_rows
 
     def clear_cache(self) -> None:
         """Drop decoded values (their buffers are kept for reuse); readers stay open."""
@@ -315,6 +328,7 @@ class BatchReader:
                         pos += n
                 if pos != num_rows:
                     raise TsFileFormatError(self._lost(group, start, num_rows, pos))
+            self.decoded_rows += num_rows
         except (TsFileFormatError, SchemaError):
             raise
         except Exception as err:
@@ -447,6 +461,9 @@ class BatchReader:
                 f"out must have shape {(n, ncols)} and dtype {self.dtype}; got "
                 f"{out.shape} {out.dtype}"
             )
+        if self._matrix is not None and self._filled[start_row:stop_row].all():
+            np.copyto(out, self._matrix[start_row:stop_row])
+            return out, self._matrix_times[start_row:stop_row].copy()
         times = np.empty(n, dtype=np.int64)
         if self.decode_threads > 1 and self.cache_bytes:
             self._prefetch(start_row, stop_row)
@@ -467,7 +484,31 @@ class BatchReader:
                         )
                     )
                 out[o : o + m, target] = block.values[:, a:b].T
+        if self._matrix is not None:
+            self._matrix[start_row:stop_row] = out
+            self._matrix_times[start_row:stop_row] = times
+            self._filled[start_row:stop_row] = True
         return out, times
+
+    def keep_all(self) -> None:
+        """Keep every row read, assembled, for the life of this reader (``cache="memory"``).
+
+        Rows are kept as one row-major ``(num_rows, num_columns)`` array, so once read a batch
+        costs one memory copy, like slicing an in-memory array. Memory: ``num_rows *
+        (num_columns * itemsize + 8)`` bytes per process.
+        """
+        if self._matrix is None:
+            n, c = self.catalog.num_rows, len(self.catalog.columns)
+            self._matrix = np.empty((n, c), dtype=self.dtype)
+            self._matrix_times = np.empty(n, dtype=np.int64)
+            self._filled = np.zeros(n, dtype=bool)
+
+    @property
+    def kept_bytes(self) -> int:
+        """Bytes held by :meth:`keep_all` (0 when not keeping)."""
+        if self._matrix is None:
+            return 0
+        return self._matrix.nbytes + self._matrix_times.nbytes + self._filled.nbytes
 
 
 def _as_float(column: pa.Array) -> np.ndarray:

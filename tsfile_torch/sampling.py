@@ -7,10 +7,12 @@ Sharding rules:
 - Across DDP ranks the epoch's items are dealt round-robin (``items[rank::world_size]``), after
   padding by wrapping around (``drop_last=False``) or truncating (``drop_last=True``) to a
   multiple of ``world_size``: every rank gets the same count, so collective ops never hang.
-- Across DataLoader workers of one rank the rank's items are cut into contiguous runs, one per
-  worker: each worker reads neighbouring rows, which keeps its block cache warm. The DataLoader
-  then interleaves the workers' runs, so with ``num_workers > 1`` and ``shuffle=False`` batches
-  are in row order within each worker's run, not globally.
+- Across DataLoader workers of one rank the rows are cut into ``num_workers`` contiguous
+  ranges (on batch boundaries) and each worker yields, in the epoch's order, the rank's items
+  that start in its range (:func:`worker_row_range`). A worker thus reads the same rows every
+  epoch and only those, so no two workers decode the same pages and each worker's block cache
+  stays warm. The DataLoader interleaves the workers' outputs: with ``num_workers > 1`` and
+  ``shuffle=False`` batches are in row order within each worker's range, not globally.
 """
 
 from __future__ import annotations
@@ -77,3 +79,23 @@ def shard_for_worker(items: np.ndarray, worker: int, num_workers: int) -> np.nda
         return items
     bounds = np.linspace(0, len(items), num_workers + 1).round().astype(np.int64)
     return items[bounds[worker] : bounds[worker + 1]]
+
+
+def worker_row_range(
+    num_rows: int,
+    batch_size: int,
+    worker: int,
+    num_workers: int,
+) -> tuple[int, int]:
+    """Return the rows ``[start, stop)`` whose batches worker ``worker`` owns.
+
+    Batch starts are split into ``num_workers`` contiguous runs of (nearly) equal count.
+    """
+    count = -(-num_rows // batch_size)
+    bounds = np.linspace(0, count, num_workers + 1).round().astype(np.int64) * batch_size
+    return int(bounds[worker]), int(min(bounds[worker + 1], num_rows))
+
+
+def shard_by_rows(starts: np.ndarray, start_row: int, stop_row: int) -> np.ndarray:
+    """Return the items (first rows) that start inside ``[start_row, stop_row)``, order kept."""
+    return starts[(starts >= start_row) & (starts < stop_row)]
