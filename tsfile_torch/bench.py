@@ -116,6 +116,22 @@ def _proc_hwm_kib(pid: int) -> int:
     return 0
 
 
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    return 0
+
+
+def _loader_rss_mib(loader) -> float:
+    """Resident memory now of this process plus the loader's live workers, MiB."""
+    pids = [os.getpid()]
+    it = getattr(loader, "_iterator", None)
+    pids += [w.pid for w in getattr(it, "_workers", [])]
+    return round(sum(_rss_kib(p) for p in pids if os.path.exists(f"/proc/{p}")) / 1024, 1)
+
+
 def _reset_hwm() -> None:
     try:
         with open("/proc/self/clear_refs", "w", encoding="ascii") as fh:
@@ -248,6 +264,7 @@ class _Runner:
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         seq, rnd = _Epochs(), _Epochs()
         worker_faults, worker_hwm = [0, 0], 0
+        rss: list[float] = []  # after each epoch: this process + live workers
         if cfg.kind == "dataframe":
             from tsfile import TsFileDataFrame
 
@@ -280,6 +297,7 @@ class _Runner:
                 s, c, r = _consume(loader)
                 out = rnd if random else seq
                 out.seconds.append(s), out.checksums.append(c), out.rows.append(r)
+                rss.append(_loader_rss_mib(loader))
             it = getattr(loader, "_iterator", None)
             for w in getattr(it, "_workers", []):  # workers are forkserver children: /proc
                 if os.path.exists(f"/proc/{w.pid}"):
@@ -301,6 +319,7 @@ class _Runner:
             "minflt": usage1.ru_minflt - usage0.ru_minflt + worker_faults[0],
             "majflt": usage1.ru_majflt - usage0.ru_majflt + worker_faults[1],
             "peak_rss_mib": round(max(_proc_hwm_kib(os.getpid()), worker_hwm) / 1024, 1),
+            "rss_mib_after_epoch": rss,
         }
 
 
@@ -459,6 +478,15 @@ def summarize(records: list[dict]) -> list[dict]:
     return rows
 
 
+def _growth(rec: dict) -> float:
+    """RSS after the last sequential epoch relative to after the second, in percent."""
+    rss = rec.get("rss_mib_after_epoch") or []
+    seq = rss[: len(rec["seq_seconds"])]
+    if len(seq) < 2 or not seq[1]:
+        return 0.0
+    return 100.0 * (seq[-1] / seq[1] - 1.0)
+
+
 def format_table(records: list[dict]) -> str:
     """Return a plain-text table of the run."""
     summary = summarize(records)
@@ -472,7 +500,7 @@ def format_table(records: list[dict]) -> str:
     ]
     head = (
         f"{'configuration':<46} {'1st s':>6} {'later s min/med':>16} {'rand s':>7} "
-        f"{'rows/s':>10} {'MiB/s':>7} {'minflt':>8} {'RSS MiB':>8}  "
+        f"{'rows/s':>10} {'MiB/s':>7} {'minflt':>8} {'RSS MiB':>8} {'RSS+%':>6}  "
         f"x DF seq/rand | x DF(idx,2) seq/rand | % memcopy"
     )
     lines = [head, "-" * len(head)]
@@ -487,7 +515,8 @@ def format_table(records: list[dict]) -> str:
         lines.append(
             f"{row['config']:<46} {row['first_median']:6.3f} {row['later_min']:7.3f} /"
             f"{row['later_median']:7.3f} {row['random_median']:7.3f} {row['rows_per_s']:10,.0f} "
-            f"{row['mib_per_s']:7.1f} {row['minflt']:8.0f} {row['peak_rss_mib']:8.1f}  "
+            f"{row['mib_per_s']:7.1f} {row['minflt']:8.0f} {row['peak_rss_mib']:8.1f} "
+            f"{row['rss_growth_pct'] or 0:6.1f}  "
             f"{cells[0]:>13} | {cells[1]:>20} | {pct}"
         )
     return "\n".join(lines)
