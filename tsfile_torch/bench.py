@@ -468,6 +468,7 @@ def summarize(records: list[dict]) -> list[dict]:
             "majflt": statistics.median(r["majflt"] for r in recs),
             "peak_rss_mib": max(r["peak_rss_mib"] for r in recs),
             "speedup": {},
+            "rss_growth_pct": max(_growth(r) for r in recs),
         }
         for key in recs[0]["speedup_vs"]:
             row["speedup"][key] = {
