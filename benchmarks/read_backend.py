@@ -26,24 +26,14 @@ import time
 
 from tqdm import tqdm
 
+from tsfile_torch.bench import evict_from_page_cache as evict
+
 CHUNK = 64 * 1024
 
 
 def _faults() -> tuple[int, int]:
     u = resource.getrusage(resource.RUSAGE_SELF)
     return u.ru_minflt, u.ru_majflt
-
-
-def evict(paths: list[str]) -> bool:
-    if not hasattr(os, "posix_fadvise"):
-        return False
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return True
 
 
 def scan_pread(paths: list[str]) -> int:
