@@ -17,7 +17,7 @@ import fnmatch
 import glob
 import os
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from tsfile import TSDataType
 
@@ -329,15 +329,9 @@ def _place_shards(col: Column, files: Sequence[FileInfo]) -> None:
                 f"[{prev.start_time}, {prev.end_time}] and {files[shard.file_index].name} "
                 f"[{shard.start_time}, {shard.end_time}]; shards of a series must not overlap"
             )
-        placed.append(_replace(shard, start_row=start))
+        placed.append(replace(shard, start_row=start))
         start += shard.num_rows
     col.shards[:] = placed
-
-
-def _replace(shard: Shard, **changes) -> Shard:
-    from dataclasses import replace
-
-    return replace(shard, **changes)
 
 
 def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:

@@ -307,9 +307,9 @@ class BatchReader:
         pos = 0
         try:
             if group.aligned:
-                results = [reader.query_prepared_multi(handles, offset=start, limit=num_rows)]
-            else:
-                results = [reader.query_prepared(h, offset=start, limit=num_rows) for h in handles]
+                results = iter([reader.query_prepared_multi(handles, offset=start, limit=num_rows)])
+            else:  # one query per series, opened one at a time
+                results = (reader.query_prepared(h, offset=start, limit=num_rows) for h in handles)
             for k0, result in enumerate(results):
                 pos = 0
                 with result:
