@@ -114,13 +114,39 @@ def test_spawn_start_method_works(small_dir, small_expected):
     )
 
 
-def test_plain_fork_after_reading_is_an_error_not_a_hang(small_dir):
+def test_plain_fork_after_reading_in_the_parent_reads_exact_values(small_dir, small_expected):
     from torch.utils.data import DataLoader
 
-    from tsfile_torch import TsFileTorchError
+    from tsfile_torch.backend import fork_safe
 
-    ds = TsFileIterableDataset(small_dir, batch_size=1000)
+    assert fork_safe()  # tsfile 2.5: the native pool pointer is found and reset after fork
+    ds = TsFileIterableDataset(small_dir, batch_size=1000, read_backend="mmap")
     next(iter(ds))  # tsfile's native thread pool now runs in this process
+    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
+    batches = list(loader)
+    order = np.argsort(_first_rows(batches, small_expected))
+    np.testing.assert_array_equal(
+        torch.cat([batches[i] for i in order]).numpy(), small_expected.astype(np.float32)
+    )
+
+
+def test_fork_without_the_pool_reset_is_an_error_not_a_hang(small_dir, monkeypatch):
+    from torch.utils.data import DataLoader
+
+    from tsfile_torch import TsFileTorchError, backend
+
+    monkeypatch.setattr(backend, "_POOL_POINTERS", [])  # as with a tsfile build we cannot fix
+    ds = TsFileIterableDataset(small_dir, batch_size=1000)
+    next(iter(ds))
     loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
     with pytest.raises(TsFileTorchError, match="does not survive fork"):
         next(iter(loader))
+    from tsfile_torch.loader import worker_context
+
+    assert worker_context().get_start_method() == "forkserver"
+
+
+def test_make_loader_starts_workers_with_fork_when_it_is_safe():
+    from tsfile_torch.loader import worker_context
+
+    assert worker_context().get_start_method() == "fork"

@@ -41,12 +41,59 @@ Source = str | os.PathLike | IO[bytes]
 _OPEN_LOCK = threading.Lock()
 
 # Note: tsfile and fork. Opening a TsFileReader starts tsfile's native decode thread pool
-# (tsfile 2.5.0: 6 threads). Threads do not survive fork(), so a child forked after that
-# deadlocks in AlignedChunkReader::decode_all_planned_pages the first time it decodes a page
-# (measured: a forked DataLoader worker hangs forever). We remember which process started the
-# pool and refuse to open readers in a forked child of it: an error instead of a hang.
-# make_loader starts workers with "forkserver" (spawn where unavailable) for this reason.
+# (tsfile 2.5.0: 6 threads, held by the global pointer ``common::g_thread_pool_`` of
+# libtsfile). Threads do not survive fork(): a forked child that decodes with the inherited pool
+# waits forever in AlignedChunkReader::decode_all_planned_pages (seen in DataLoader workers).
+# With the pointer null, tsfile decodes in the calling thread. So after every fork we null the
+# child's copy of the pointer (the parent's pool object is left alone, never touched again), and
+# the child decodes inline, which is also what a DataLoader worker wants: the workers are the
+# parallelism. If the symbol cannot be found (another tsfile build), we remember which process
+# started the pool and refuse to open readers in its forked children: an error, never a hang;
+# make_loader then starts workers with forkserver instead of fork.
 _POOL_PID: int | None = None
+
+
+def _native_pool_pointers() -> list:
+    """Return ctypes views of ``common::g_thread_pool_`` in every loaded copy of libtsfile."""
+    import ctypes
+
+    try:
+        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+            paths = {
+                line.split(None, 5)[5].strip()
+                for line in maps
+                if "libtsfile" in line and len(line.split(None, 5)) == 6
+            }
+    except OSError:
+        return []
+    pointers = []
+    for path in sorted(paths):
+        try:
+            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
+            pointers.append(ctypes.c_void_p.in_dll(lib, "_ZN6common14g_thread_pool_E"))
+        except (OSError, ValueError):
+            continue
+    return pointers
+
+
+_POOL_POINTERS = _native_pool_pointers()
+
+
+def _after_fork_in_child() -> None:
+    global _POOL_PID
+    if _POOL_POINTERS:
+        for pointer in _POOL_POINTERS:
+            pointer.value = None
+        _POOL_PID = None
+
+
+def fork_safe() -> bool:
+    """Return True when forked children of this process can read TsFiles (see the note above)."""
+    return bool(_POOL_POINTERS)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _check_fork_safety(name: str) -> None:
@@ -55,7 +102,8 @@ def _check_fork_safety(name: str) -> None:
             f"{name}: this process was forked from process {_POOL_PID} after that process had "
             f"opened TsFile readers; tsfile's native thread pool does not survive fork() and "
             f"reading here would hang. Start DataLoader workers with "
-            f"multiprocessing_context='forkserver' or 'spawn' (tsfile_torch.make_loader does)"
+            f"multiprocessing_context='forkserver' or 'spawn' (tsfile_torch.make_loader does "
+            f"when it cannot make fork safe)"
         )
 
 

@@ -8,6 +8,7 @@ import warnings
 import torch
 import torch.utils.data as tud
 
+from .backend import fork_safe
 from .datasets import TsFileDataset, TsFileIterableDataset
 
 __all__ = ["make_loader", "worker_context"]
@@ -16,13 +17,17 @@ _PRELOAD = ["torch", "tsfile_torch"]
 
 
 def worker_context() -> multiprocessing.context.BaseContext:
-    """Return the start method for DataLoader workers: forkserver (Linux), else spawn.
+    """Return the start method for DataLoader workers.
 
-    Plain fork is unsafe once tsfile has opened a reader in the parent (see the note "tsfile and
-    fork" in :mod:`tsfile_torch.backend`). The forkserver preloads torch and tsfile_torch, so a
-    worker starts in milliseconds without importing them again, and has no tsfile threads.
+    ``fork`` where tsfile-torch can make forked children safe for tsfile (Linux with tsfile
+    2.5's library; see the note "tsfile and fork" in :mod:`tsfile_torch.backend`): workers start
+    fast and scripts need no ``__main__`` guard. Otherwise ``forkserver`` (preloading torch and
+    tsfile_torch, no tsfile threads in the server), else ``spawn``.
     """
-    if "forkserver" in multiprocessing.get_all_start_methods():
+    methods = multiprocessing.get_all_start_methods()
+    if fork_safe() and "fork" in methods:
+        return multiprocessing.get_context("fork")
+    if "forkserver" in methods:
         ctx = multiprocessing.get_context("forkserver")
         ctx.set_forkserver_preload(_PRELOAD)
         return ctx
@@ -40,9 +45,8 @@ def make_loader(
     """Return a DataLoader that yields the dataset's batches as they are.
 
     The dataset already batches, so ``batch_size=None``; workers are persistent so each keeps its
-    readers and memory maps across epochs; workers start through :func:`worker_context`
-    (forkserver), never plain fork; memory is pinned when CUDA is available. A script that uses
-    workers needs the usual ``if __name__ == "__main__":`` guard.
+    readers and memory maps across epochs; workers start through :func:`worker_context` (fork
+    made safe for tsfile, or forkserver); memory is pinned when CUDA is available.
 
     Args:
         dataset: a tsfile-torch dataset.
