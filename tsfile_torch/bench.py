@@ -299,7 +299,7 @@ class _Runner:
                 out.seconds.append(s), out.checksums.append(c), out.rows.append(r)
                 rss.append(_loader_rss_mib(loader))
             it = getattr(loader, "_iterator", None)
-            for w in getattr(it, "_workers", []):  # workers are forkserver children: /proc
+            for w in getattr(it, "_workers", []):  # live workers: read their /proc entries
                 if os.path.exists(f"/proc/{w.pid}"):
                     minflt, majflt = _proc_faults(w.pid)
                     worker_faults[0] += minflt
