@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .backend import is_mapped, open_reader
+from .backend import open_reader
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
 
@@ -118,7 +118,7 @@ class BatchReader:
         self.malloc_tuning = malloc_tuning
         self.decode_threads = decode_threads
         self._pool = None
-        self._spare_lock = threading.Lock()
+        self._lock = threading.Lock()  # spare buffers and counters, shared with decode threads
         self.read_backend = read_backend
         self.dtype = np.dtype(dtype)
         self.block_rows = block_rows
@@ -200,7 +200,7 @@ class BatchReader:
         self._spare.setdefault(block.values.shape, []).append(block)
 
     def _buffers(self, k: int, n: int) -> _Block:
-        with self._spare_lock:
+        with self._lock:
             spare = self._spare.get((k, n))
             if spare:
                 return spare.pop()
@@ -282,27 +282,13 @@ class BatchReader:
             self._prepared[group_index] = handles
         return handles
 
-    def mapped_files(self) -> dict[str, bool]:
-        """Return, per open file path, whether it is mapped in this process right now."""
-        return {
-            self.catalog.files[i].name: is_mapped(self.catalog.files[i].name)
-            for i in self._readers
-            if isinstance(self.catalog.files[i].source, str)
-        }
-
     # -- decoding -------------------------------------------------------------------------
     def _decode(self, group_index: int, start: int, num_rows: int) -> _Block:
         """Decode local rows [start, start + num_rows) of one group."""
         group = self.catalog.groups[group_index]
         reader = self._reader(group.file_index)
         handles = self._handles(group_index)
-        out = (
-            self._buffers(len(handles), num_rows)
-            if self.cache_bytes
-            else _Block(
-                np.empty(num_rows, dtype=np.int64), np.empty((len(handles), num_rows), self.dtype)
-            )
-        )
+        out = self._buffers(len(handles), num_rows)  # no spares without a cache: a new block
         times, values = out.times, out.values
         pos = 0
         try:
@@ -328,7 +314,8 @@ class BatchReader:
                         pos += n
                 if pos != num_rows:
                     raise TsFileFormatError(self._lost(group, start, num_rows, pos))
-            self.decoded_rows += num_rows
+            with self._lock:
+                self.decoded_rows += num_rows
         except (TsFileFormatError, SchemaError):
             raise
         except Exception as err:
@@ -383,22 +370,34 @@ class BatchReader:
                 self._cached_bytes -= old.nbytes
                 self._recycle(old)
 
+    def _local_rows(self, group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:
+        """Return group-local rows ``[lo, hi)`` of ``[start_row, stop_row)``; none if lo >= hi."""
+        return (
+            max(start_row, group.start_row) - group.start_row,
+            min(stop_row, group.stop_row) - group.start_row,
+        )
+
+    def _blocks(self, local_lo: int, local_hi: int) -> range:
+        """Return the block numbers covering group-local rows ``[local_lo, local_hi)``."""
+        return range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1)
+
     def _prefetch(self, start_row: int, stop_row: int) -> None:
         """Decode the missing blocks of ``[start_row, stop_row)`` on ``decode_threads`` threads.
 
-        tsfile's native read releases the GIL, so groups decode in parallel.
+        tsfile's native read releases the GIL, so groups decode in parallel. Skipped when the
+        blocks would not all fit the cache: they would be evicted and decoded again.
         """
-        missing = []
+        missing, nbytes = [], 0
         for gi, group in enumerate(self.catalog.groups):
-            lo, hi = max(start_row, group.start_row), min(stop_row, group.stop_row)
+            lo, hi = self._local_rows(group, start_row, stop_row)
             if lo >= hi:
                 continue
-            first, last = (
-                (lo - group.start_row) // self.block_rows,
-                (hi - 1 - group.start_row) // self.block_rows,
-            )
-            missing += [(gi, b) for b in range(first, last + 1) if (gi, b) not in self._cache]
-        if len(missing) < 2:
+            for b in self._blocks(lo, hi):
+                if (gi, b) not in self._cache:
+                    missing.append((gi, b))
+                    rows = min(self.block_rows, group.num_rows - b * self.block_rows)
+                    nbytes += rows * (len(group.columns) * self.dtype.itemsize + 8)
+        if len(missing) < 2 or nbytes > self.cache_bytes:
             return
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
@@ -413,14 +412,18 @@ class BatchReader:
     def _pieces(self, group_index: int, start_row: int, stop_row: int):
         """Yield (out_start, local_start, local_stop, block) covering the group's rows."""
         group = self.catalog.groups[group_index]
-        lo, hi = max(start_row, group.start_row), min(stop_row, group.stop_row)
-        if lo >= hi:
+        local_lo, local_hi = self._local_rows(group, start_row, stop_row)
+        if local_lo >= local_hi:
             return
-        local_lo, local_hi = lo - group.start_row, hi - group.start_row
         if self.cache_bytes == 0:
-            yield lo - start_row, 0, hi - lo, self._decode(group_index, local_lo, hi - lo)
+            yield (
+                group.start_row + local_lo - start_row,
+                0,
+                local_hi - local_lo,
+                self._decode(group_index, local_lo, local_hi - local_lo),
+            )
             return
-        for block in range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1):
+        for block in self._blocks(local_lo, local_hi):
             b0 = block * self.block_rows
             a, b = max(local_lo, b0), min(local_hi, b0 + self.block_rows)
             yield group.start_row + a - start_row, a - b0, b - b0, self._block(group_index, block)
