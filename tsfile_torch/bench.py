@@ -108,18 +108,11 @@ def _proc_faults(pid: int) -> tuple[int, int]:
     return int(fields[7]), int(fields[9])  # minflt, majflt
 
 
-def _proc_hwm_kib(pid: int) -> int:
+def _proc_status_kib(pid: int, key: str) -> int:
+    """Return a kiB field of ``/proc/PID/status`` (``VmHWM``: peak resident, ``VmRSS``: now)."""
     with open(f"/proc/{pid}/status", encoding="ascii") as fh:
         for line in fh:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-
-
-def _rss_kib(pid: int) -> int:
-    with open(f"/proc/{pid}/status", encoding="ascii") as fh:
-        for line in fh:
-            if line.startswith("VmRSS:"):
+            if line.startswith(f"{key}:"):
                 return int(line.split()[1])
     return 0
 
@@ -129,7 +122,9 @@ def _loader_rss_mib(loader) -> float:
     pids = [os.getpid()]
     it = getattr(loader, "_iterator", None)
     pids += [w.pid for w in getattr(it, "_workers", [])]
-    return round(sum(_rss_kib(p) for p in pids if os.path.exists(f"/proc/{p}")) / 1024, 1)
+    return round(
+        sum(_proc_status_kib(p, "VmRSS") for p in pids if os.path.exists(f"/proc/{p}")) / 1024, 1
+    )
 
 
 def _reset_hwm() -> None:
@@ -182,8 +177,11 @@ class _ArrayBatches(tud.IterableDataset):
     def __iter__(self):
         info = tud.get_worker_info()
         starts = self.rand_starts if self._random.value else self.seq_starts
-        if info is not None:
-            starts = sampling.shard_for_worker(starts, info.id, info.num_workers)
+        if info is not None and info.num_workers > 1:  # the datasets' own worker sharding
+            lo, hi = sampling.worker_row_range(
+                len(self.array), self.batch_size, info.id, info.num_workers
+            )
+            starts = sampling.shard_by_rows(starts, lo, hi)
         for s in starts:
             yield torch.from_numpy(self.array[s : s + self.batch_size].copy())
 
@@ -304,7 +302,7 @@ class _Runner:
                     minflt, majflt = _proc_faults(w.pid)
                     worker_faults[0] += minflt
                     worker_faults[1] += majflt
-                    worker_hwm = max(worker_hwm, _proc_hwm_kib(w.pid))
+                    worker_hwm = max(worker_hwm, _proc_status_kib(w.pid, "VmHWM"))
             del loader, ds
         usage1 = resource.getrusage(resource.RUSAGE_SELF)
         return {
@@ -318,7 +316,9 @@ class _Runner:
             "random_rows": rnd.rows[0],
             "minflt": usage1.ru_minflt - usage0.ru_minflt + worker_faults[0],
             "majflt": usage1.ru_majflt - usage0.ru_majflt + worker_faults[1],
-            "peak_rss_mib": round(max(_proc_hwm_kib(os.getpid()), worker_hwm) / 1024, 1),
+            "peak_rss_mib": round(
+                max(_proc_status_kib(os.getpid(), "VmHWM"), worker_hwm) / 1024, 1
+            ),
             "rss_mib_after_epoch": rss,
         }
 
@@ -564,7 +564,7 @@ def write_json(records: list[dict], path: str) -> None:
             fh.write(json.dumps(rec) + "\n")
 
 
-def reference_data(cache_dir: str | None = None, quick: bool = False) -> str:
+def reference_data(cache_dir: str | None = None) -> str:
     """Return a directory holding the reference dataset, writing it on first use."""
     root = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "tsfile-torch")
     path = os.path.join(root, "reference")

@@ -24,8 +24,9 @@ __all__ = [
     "epoch_items",
     "random_window_starts",
     "shard_for_rank",
-    "shard_for_worker",
     "num_batches",
+    "worker_row_range",
+    "shard_by_rows",
 ]
 
 
@@ -71,14 +72,6 @@ def shard_for_rank(items: np.ndarray, rank: int, world_size: int, drop_last: boo
         pad = world_size - len(items) % world_size
         items = np.concatenate([items, np.resize(items, pad)])
     return items[rank::world_size]
-
-
-def shard_for_worker(items: np.ndarray, worker: int, num_workers: int) -> np.ndarray:
-    """Return the contiguous run of ``items`` that DataLoader worker ``worker`` produces."""
-    if num_workers == 1:
-        return items
-    bounds = np.linspace(0, len(items), num_workers + 1).round().astype(np.int64)
-    return items[bounds[worker] : bounds[worker + 1]]
 
 
 def worker_row_range(
