@@ -327,6 +327,22 @@ class BatchReader:
             ) from err
         return out
 
+    def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Read group-local rows ``[start, stop)`` of one read group (one device of one file).
+
+        Returns:
+            ``(times, values)``: int64 ``(n,)`` timestamps and ``(len(group.columns), n)`` values
+            in ``dtype`` (nulls NaN), in the order of ``catalog.groups[group_index].columns``.
+            The arrays may be reused by later calls: copy what you keep.
+        """
+        group = self.catalog.groups[group_index]
+        if not 0 <= start < stop <= group.num_rows:
+            raise ValueError(
+                f"rows [{start}, {stop}) are outside group {group_index}'s {group.num_rows} rows"
+            )
+        block = self._decode(group_index, start, stop - start)
+        return block.times, block.values
+
     def _lost(self, group: ReadGroup, start: int, num_rows: int, got: int) -> str:
         info = self.catalog.files[group.file_index]
         return (
