@@ -37,7 +37,9 @@ class _TsFileBase:
 
     def __init__(self, sources: Source | Sequence[Source], options: DatasetOptions):
         self.options = options
-        self.catalog: Catalog = build_catalog(sources, options.columns)
+        self.catalog: Catalog = build_catalog(
+            sources, options.columns, start_time=options.start_time, end_time=options.end_time
+        )
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
         self._epoch = sharedctypes.RawValue("q", -1)
@@ -85,6 +87,8 @@ class _TsFileBase:
                 malloc_tuning=self.options.malloc_tuning,
                 decode_threads=self._decode_threads(),
                 cache_bytes=self.options.cache_bytes,
+                max_open_files=self.options.max_open_files,
+                index_dir=self.options.index_dir,
             )
             if self.options.cache == "memory":
                 self._reader.keep_all()
@@ -159,7 +163,8 @@ class _TsFileBase:
 
     def _batch(self, reader: BatchReader, start: int):
         stop = min(start + self.options.batch_size, self.num_rows)
-        values, times = reader.read(int(start), int(stop))
+        random_access = self.random_batches is not None
+        values, times = reader.read(int(start), int(stop), random_access=random_access)
         tensor = torch.from_numpy(values)
         if self.options.dtype not in ("float32", "float64"):
             tensor = tensor.to(getattr(torch, self.options.dtype))
@@ -272,11 +277,11 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         reader = self._start_epoch(epoch)
         if num_workers > 1:
-            # decode only this worker's rows: one block spans its whole range (see sampling)
+            # decode only this worker's rows: blocks are clipped to its range (see sampling)
             lo, hi = sampling.worker_row_range(
                 self.num_rows, self.options.batch_size, worker, num_workers
             )
-            reader.set_block_rows(min(self.options.block_rows, max(hi - lo, 1)))
+            reader.set_range(lo, hi)
         for start in self.items_for(epoch, rank, world, worker, num_workers):
             yield self._batch(reader, start)
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass, fields
 from typing import Any
 
 from .backend import parse_backend
+from .openfiles import DEFAULT_MAX_OPEN_FILES
 from .reader import DEFAULT_BLOCK_ROWS
+from .timeline import default_index_dir
 
 __all__ = ["CACHE_MODES", "DatasetOptions"]
 
@@ -72,6 +74,13 @@ class DatasetOptions:
         decode_threads: threads decoding different files / devices at once in a reading
             process; ``None``: up to 4 (the CPU count) with ``num_workers=0``, 1 inside
             DataLoader workers (the workers already use the cores).
+        start_time: first timestamp to read (inclusive, tsfile's convention); ``None``: from
+            the start. Pushed down to the reader: only rows in range are read.
+        end_time: last timestamp to read (inclusive); ``None``: to the end.
+        max_open_files: TsFile readers open at once per process (an LRU; closed mmap readers
+            unmap their file).
+        index_cache: where timeline indexes are cached across processes and runs: ``True`` for
+            ``~/.cache/tsfile-torch/index``, a directory path, or ``False`` for memory only.
     """
 
     columns: tuple[str, ...] | None = None
@@ -88,6 +97,10 @@ class DatasetOptions:
     return_timestamps: bool = False
     malloc_tuning: bool = True
     decode_threads: int | None = None
+    start_time: int | None = None
+    end_time: int | None = None
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES
+    index_cache: bool | str = True
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -122,11 +135,36 @@ class DatasetOptions:
             )
         _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
         _positive_int("block_rows", self.block_rows)
+        for name in ("start_time", "end_time"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} should be an integer timestamp or None, got {value!r}")
+        if (
+            self.start_time is not None
+            and self.end_time is not None
+            and self.start_time > self.end_time
+        ):
+            raise ValueError(
+                f"start_time must not be after end_time; got start_time={self.start_time}, "
+                f"end_time={self.end_time}"
+            )
+        _positive_int("max_open_files", self.max_open_files)
+        if not isinstance(self.index_cache, (bool, str)):
+            raise TypeError(
+                f"index_cache should be True, False or a directory path, got {self.index_cache!r}"
+            )
         if self.random_batches is not None and self.shuffle:
             raise ValueError(
                 "random_batches draws random windows already; shuffle=True cannot "
                 "be combined with it: leave shuffle=False"
             )
+
+    @property
+    def index_dir(self) -> str | None:
+        """Directory of the timeline-index cache, or ``None`` when disabled."""
+        if self.index_cache is True:
+            return default_index_dir()
+        return self.index_cache or None
 
     def replace(self, **changes) -> DatasetOptions:
         """Return a copy with ``changes`` applied and validated."""
