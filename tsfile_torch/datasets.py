@@ -14,6 +14,7 @@ reaches persistent workers. Until ``set_epoch`` is first called, each new pass o
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from multiprocessing import sharedctypes
 
@@ -25,7 +26,7 @@ from . import sampling
 from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog
 from .options import DatasetOptions
-from .reader import BatchReader
+from .reader import BatchReader, cache_cap
 
 __all__ = ["TsFileDataset", "TsFileIterableDataset"]
 
@@ -42,12 +43,29 @@ class _TsFileBase:
         )
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
+        self._warn_if_batch_exceeds_cache()
         self._epoch = sharedctypes.RawValue("q", -1)
         # -1: options.random_batches decides; 0: full passes; N > 0: N random windows
         self._random = sharedctypes.RawValue("q", -1)
         self._local_epoch = -1
         self._reader: BatchReader | None = None
         self._reader_epoch = None
+
+    def _warn_if_batch_exceeds_cache(self) -> None:
+        o = self.options
+        if o.cache != "none" or o.cache_bytes == 0:
+            return
+        itemsize = 8 if o.dtype == "float64" else 4
+        cap = o.cache_bytes if o.cache_bytes is not None else cache_cap()
+        batch_bytes = o.batch_size * (len(self.catalog.columns) * itemsize + 8)
+        if batch_bytes > cap:
+            warnings.warn(
+                f"one batch of {o.batch_size} rows x {len(self.catalog.columns)} columns is "
+                f"{batch_bytes / 2**20:.0f} MiB, more than the streaming cache's "
+                f"{cap / 2**20:.0f} MiB: blocks cannot be cached and pages will be decoded more "
+                f"than once; use a smaller batch_size, fewer columns, or a larger cache_bytes",
+                stacklevel=3,
+            )
 
     # -- pickling: no native handles, shared epoch only while spawning workers ------------
     def __getstate__(self):

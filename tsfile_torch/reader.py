@@ -90,7 +90,7 @@ class _Segments:
     def groups(self, start_row: int, stop_row: int) -> list[int]:
         """Return the groups holding rows of ``[start_row, stop_row)``, timestamp groups first."""
         lo = int(np.searchsorted(self.bounds, start_row, side="right")) - 1
-        hi = int(np.searchsorted(self.bounds, stop_row, side="left"))
+        hi = min(int(np.searchsorted(self.bounds, stop_row, side="left")), len(self.members))
         if hi - lo == 1:
             return self.members[lo]
         seen = {gi for s in range(max(lo, 0), hi) for gi in self.members[s]}
