@@ -163,6 +163,8 @@ def test_timeline_indexes_are_cached_on_disk_and_bad_entries_rebuilt(long_dir, t
     kwargs = dict(batch_size=5000, block_rows=8192, dtype=torch.float64, index_cache=str(index_dir))
     first = TsFileDataset(long_dir, **kwargs)
     expected = first[3].numpy()
+    assert not glob.glob(str(index_dir / "*" / "*.npy"))  # learned up to batch 3 only: not saved
+    first[len(first) - 1]  # the last rows complete the index, which is then saved
     entries = glob.glob(str(index_dir / "*" / "*.npy"))
     assert len(entries) == 1  # one timeline, one entry
     stamp = os.stat(entries[0]).st_mtime_ns
@@ -172,6 +174,7 @@ def test_timeline_indexes_are_cached_on_disk_and_bad_entries_rebuilt(long_dir, t
     np.save(entries[0], np.arange(3, dtype=np.int64))  # wrong length: ignored and rebuilt
     third = TsFileDataset(long_dir, **kwargs)
     np.testing.assert_array_equal(third[3].numpy(), expected)
+    third[len(third) - 1]
     assert len(np.load(entries[0])) == -(-LONG.num_rows // 1024)
 
 
@@ -260,3 +263,44 @@ def test_300_files_under_a_low_fd_limit_with_max_open_files(tmp_path, read_backe
     assert out.returncode == 0, out.stderr[-3000:]
     status, extra_fds = out.stdout.split()
     assert status == "ok" and int(extra_fds) <= 16 + 4
+
+
+def test_irregular_sampling_widens_index_reads_until_rows_are_found(tmp_path, read_backend):
+    """Sparse then dense timestamps: the mean step underestimates the sparse part."""
+    import pyarrow as pa
+    from tsfile import ColumnCategory, ColumnSchema, TableSchema, TSDataType, TsFileTableWriter
+
+    rows = np.arange(40000)
+    times = np.where(rows < 20000, rows * 1000, 20000 * 1000 + (rows - 20000))
+    path = tmp_path / "irregular.tsfile"
+    schema = TableSchema(
+        "t",
+        [
+            ColumnSchema("device", TSDataType.STRING, ColumnCategory.TAG),
+            ColumnSchema("s0", TSDataType.DOUBLE, ColumnCategory.FIELD),
+        ],
+    )
+    writer = TsFileTableWriter(str(path), schema)
+    try:
+        data = {
+            "time": pa.array(times, pa.int64()),
+            "device": pa.array(["d0"] * len(rows)),
+            "s0": pa.array(synthetic.value_of(0, 0, rows), pa.float64()),
+        }
+        writer.writer.write_arrow_batch("t", pa.table(data), 0)
+    finally:
+        writer.close()
+    ds = TsFileDataset(
+        path,
+        batch_size=3000,
+        block_rows=4096,
+        read_backend=read_backend,
+        dtype=torch.float64,
+        return_timestamps=True,
+        index_cache=False,
+    )
+    for i in range(len(ds)):
+        values, stamps = ds[i]
+        want = rows[i * 3000 : (i + 1) * 3000]
+        np.testing.assert_array_equal(stamps.numpy(), times[want])
+        np.testing.assert_array_equal(values.numpy()[:, 0], synthetic.value_of(0, 0, want))

@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 from .blockcache import Block, BlockCache
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
-from .native import query
+from .native import query, query_times
 from .openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles, tune_malloc
-from .timeline import DEFAULT_INDEX_STRIDE, TimeIndex, load_or_build
+from .timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
 
 __all__ = [
     "BatchReader",
@@ -249,24 +249,37 @@ class BatchReader:
                 )
 
     # -- decoding -------------------------------------------------------------------------
-    def _index(self, group_index: int, reader, handles) -> TimeIndex:
+    def _index(self, group_index: int) -> TimeIndex:
         index = self._indexes.get(group_index)
         if index is None:
             group = self.catalog.groups[group_index]
             info = self.catalog.files[group.file_index]
-            index = load_or_build(reader, handles, info, group, self.index_stride, self.index_dir)
+
+            def fetch(t0: int, t1: int) -> np.ndarray:
+                reader, handles = self.files.handles(group_index, group)  # may have been closed
+                return query_times(reader, handles[0], group.aligned, t0, t1)
+
+            index = open_index(fetch, info, group, self.index_stride, self.index_dir)
             self._indexes[group_index] = index
         return index
+
+    def _span(self, group_index: int, start: int, stop: int) -> tuple[int, int, int]:
+        group = self.catalog.groups[group_index]
+        if start == 0 and stop == group.num_rows:
+            return group.start_time, group.end_time, 0
+        index = self._index(group_index)
+        was_complete = index.complete
+        span = index.time_range(start, stop)
+        if self.index_dir and index.complete and not was_complete:
+            info = self.catalog.files[group.file_index]
+            save_index(index, info, group, self.index_dir)
+        return span
 
     def _plan(self, group_index: int, start: int, stop: int):
         """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread)."""
         group = self.catalog.groups[group_index]
+        span = self._span(group_index, start, stop)
         reader, handles = self.files.handles(group_index, group)
-        if start == 0 and stop == group.num_rows:
-            shard = group.shards[0]
-            span = (shard.start_time, shard.end_time, 0)
-        else:
-            span = self._index(group_index, reader, handles).time_range(start, stop)
         return group, reader, handles, span, stop - start
 
     def _decode(self, plan) -> Block:
