@@ -597,9 +597,7 @@ class EpochSampler(tud.Sampler[int]):
 
     def __init__(self, dataset: TsFileDataset, shuffle: bool = False):
         if not isinstance(dataset, TsFileDataset):
-            raise TypeError(
-                f"EpochSampler needs a TsFileDataset; got {type(dataset).__name__}"
-            )
+            raise TypeError(f"EpochSampler needs a TsFileDataset; got {type(dataset).__name__}")
         if not isinstance(shuffle, bool):
             raise TypeError(f"shuffle should be True or False, but got shuffle={shuffle!r}")
         self.dataset, self.shuffle = dataset, shuffle
