@@ -1,7 +1,8 @@
 """Fixtures: real TsFiles written with tsfile's writers, values a known function of position.
 
 Value of a table-model cell: ``synthetic.value_of(file, column_in_file, row)``; helpers below
-build the expected matrix for any row range, so a test's expected answer is one line.
+build the expected matrix for any row range, so a test's expected answer is one line, and
+``rows_of`` recovers the row numbers of a batch (the one row-identity helper).
 """
 
 from __future__ import annotations
@@ -60,3 +61,29 @@ def small_expected():
 def expected_rows():
     """The function ``(spec, start, stop) -> float64 matrix`` of expected values."""
     return expected
+
+
+@pytest.fixture(scope="session")
+def rows_of(small_expected):
+    """The function ``(batch[, full]) -> row numbers`` of a float batch, by whole-row lookup.
+
+    Rows of the synthetic data are unique, so each batch row names its row in ``full`` (the
+    small dataset unless given). Asserts the rows are consecutive: every batch (sequential,
+    shuffled or a random window) is a run of rows in time order.
+    """
+    lookups: dict[int, tuple[np.ndarray, dict[bytes, int]]] = {}
+
+    def lookup(full: np.ndarray) -> dict[bytes, int]:
+        if id(full) not in lookups:
+            table = np.ascontiguousarray(full.astype(np.float32))
+            lookups[id(full)] = (full, {table[i].tobytes(): i for i in range(len(table))})
+        return lookups[id(full)][1]
+
+    def rows(batch, full: np.ndarray = small_expected) -> np.ndarray:
+        table = lookup(full)
+        values = np.ascontiguousarray(np.asarray(batch, dtype=np.float32))
+        found = np.array([table[r.tobytes()] for r in values])
+        assert np.array_equal(found, np.arange(found[0], found[0] + len(found)))
+        return found
+
+    return rows

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .backend import BACKENDS, open_reader, parse_backend
 from .catalog import Catalog, build_catalog
-from .datasets import TsFileDataset, TsFileIterableDataset
+from .datasets import EpochSampler, TsFileDataset, TsFileIterableDataset
 from .errors import MappingError, SchemaError, TsFileFormatError, TsFileTorchError
 from .loader import make_loader
 from .options import CACHE_MODES, DatasetOptions
@@ -18,6 +18,7 @@ __all__ = [
     "BatchReader",
     "Catalog",
     "DatasetOptions",
+    "EpochSampler",
     "MappingError",
     "SchemaError",
     "TsFileDataset",

@@ -6,6 +6,7 @@ argument is checked in one place with one message.
 
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -34,6 +35,16 @@ def _positive_int(name: str, value: Any, allow_none: bool = False, allow_zero: b
     return value
 
 
+def _seed(value: Any) -> int:
+    """Return ``value`` modulo 2**64, as ``torch.Generator.manual_seed`` takes any integer."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"seed should be an integer (any sign; it is taken modulo 2**64), "
+            f"but got seed={value!r}"
+        )
+    return int(value) % (1 << 64)
+
+
 def _bool(name: str, value: Any) -> bool:
     if not isinstance(value, bool):
         raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
@@ -58,7 +69,8 @@ class DatasetOptions:
         columns: ``None`` for every numeric field, else exact names or glob patterns.
         batch_size: rows per batch.
         shuffle: batches in a (seed, epoch) permutation instead of row order.
-        seed: seed of every random choice.
+        seed: seed of every random choice: any integer, kept modulo 2**64 (``-1`` is stored
+            as ``2**64 - 1``, as ``torch.Generator.manual_seed`` does).
         drop_last: leave out the last, shorter batch.
         read_backend: ``"auto"``, ``"mmap"`` or ``"pread"``.
         dtype: name of the torch floating dtype of batches (``"float32"``...).
@@ -124,8 +136,7 @@ class DatasetOptions:
         _bool("return_timestamps", self.return_timestamps)
         _bool("malloc_tuning", self.malloc_tuning)
         _positive_int("decode_threads", self.decode_threads, allow_none=True)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise TypeError(f"seed should be a non-negative integer, but got seed={self.seed!r}")
+        set_("seed", _seed(self.seed))
         set_("read_backend", parse_backend(self.read_backend))
         set_("dtype", _dtype_name(self.dtype))
         _positive_int("random_batches", self.random_batches, allow_none=True)
