@@ -304,3 +304,19 @@ def test_irregular_sampling_widens_index_reads_until_rows_are_found(tmp_path, re
         want = rows[i * 3000 : (i + 1) * 3000]
         np.testing.assert_array_equal(stamps.numpy(), times[want])
         np.testing.assert_array_equal(values.numpy()[:, 0], synthetic.value_of(0, 0, want))
+
+
+def test_readers_closed_by_the_lru_unmap_their_files(tmp_path):
+    from tsfile_torch.backend import mapped_paths
+
+    spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2, num_rows=500)
+    paths = []
+    for f in range(6):
+        paths += synthetic.write_table_files(tmp_path, spec, row_offset=f * 500, prefix=f"d{f}-")
+    ds = TsFileDataset(tmp_path, batch_size=500, read_backend="mmap", max_open_files=2)
+    for i in range(len(ds)):
+        ds[i]
+        mapped = [p for p in paths if os.path.realpath(p) in mapped_paths()]
+        assert len(mapped) <= 2 and ds.reader.num_open <= 2
+    assert ds.reader.open_count == 6
+    assert set(ds.backends.values()) == {"mmap"}
