@@ -5,7 +5,13 @@ from __future__ import annotations
 from .backend import BACKENDS, open_reader, parse_backend
 from .catalog import Catalog, build_catalog
 from .datasets import TsFileDataset, TsFileIterableDataset
-from .errors import MappingError, SchemaError, TsFileFormatError, TsFileTorchError
+from .errors import (
+    MappingError,
+    RemoteError,
+    SchemaError,
+    TsFileFormatError,
+    TsFileTorchError,
+)
 from .loader import make_loader
 from .options import CACHE_MODES, DatasetOptions
 from .reader import BatchReader
@@ -19,6 +25,7 @@ __all__ = [
     "Catalog",
     "DatasetOptions",
     "MappingError",
+    "RemoteError",
     "SchemaError",
     "TsFileDataset",
     "TsFileFormatError",

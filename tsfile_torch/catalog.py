@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from tsfile import TSDataType
 
+from . import remote
 from .backend import Source, open_reader, source_name
 from .errors import SchemaError, TsFileFormatError
 
@@ -156,12 +157,18 @@ class Catalog:
         ]
 
 
-def expand_sources(sources: Source | Sequence[Source]) -> list[Source]:
+def expand_sources(
+    sources: Source | Sequence[Source], remote_options: remote.RemoteOptions | None = None
+) -> list[Source]:
     """Expand paths, directories (their ``*.tsfile``, sorted) and globs into a list of sources.
+
+    URLs (``s3://bucket/prefix/*.tsfile``...) expand through fsspec into
+    :class:`~tsfile_torch.remote.RemoteFile` entries (Note: remote sources).
 
     Raises:
         TsFileFormatError: a path does not exist, a directory holds no ``*.tsfile``, a glob
             matches nothing, or nothing was given.
+        RemoteError: a URL cannot be listed (see :func:`tsfile_torch.remote.expand_url`).
     """
     if isinstance(sources, (str, os.PathLike)) or hasattr(sources, "read"):
         sources = [sources]
@@ -172,14 +179,20 @@ def expand_sources(sources: Source | Sequence[Source]) -> list[Source]:
         )
     out: list[Source] = []
     for src in sources:
-        if hasattr(src, "read"):
+        if hasattr(src, "read") or isinstance(src, remote.RemoteFile):
             out.append(src)
+            continue
+        if remote.is_url(src) and not src.startswith("file://"):
+            out.extend(remote.expand_url(src, remote_options))
             continue
         if not isinstance(src, (str, os.PathLike)):
             raise TypeError(f"each source must be a path or a binary file object; got {src!r}")
         path = os.fspath(src)
+        if path.startswith("file://"):
+            path = remote.file_url_path(path)
         if os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.tsfile")))
+            pattern = os.path.join(glob.escape(path), "*.tsfile")
+            found = sorted(p for p in glob.glob(pattern) if not os.path.isdir(p))
             if not found:
                 raise TsFileFormatError(
                     f"{path}: directory holds no *.tsfile files; point at a directory of "
@@ -200,7 +213,10 @@ def expand_sources(sources: Source | Sequence[Source]) -> list[Source]:
     seen: set[str] = set()
     unique = []
     for src in out:
-        key = os.path.realpath(src) if isinstance(src, str) else str(id(src))
+        if isinstance(src, str):
+            key = os.path.realpath(src)
+        else:
+            key = src.url if isinstance(src, remote.RemoteFile) else str(id(src))
         if key not in seen:
             seen.add(key)
             unique.append(src)
@@ -219,9 +235,8 @@ def _stat_value(stat, prefix: str):
     return None
 
 
-def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
-    """Return the file's info and (name, dtype, shard, statistic) for every field, in order."""
-    name = source_name(source)
+def _read_metadata(name: str, source) -> tuple[dict, dict]:
+    """Return tsfile's timeseries metadata and table schemas of one file (reader closed)."""
     reader, _ = open_reader(source, "pread")
     try:
         try:
@@ -234,10 +249,22 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
             ) from err
     finally:
         reader.close()
-    if isinstance(source, (str, os.PathLike)):
+    return metadata, schemas
+
+
+def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
+    """Return the file's info and (name, dtype, shard, statistic) for every field, in order."""
+    name = source_name(source)
+    if isinstance(source, remote.RemoteFile):
+        with remote.open_metadata(source) as fh:
+            metadata, schemas = _read_metadata(name, fh)
+        info = FileInfo(index, source, name, source.nbytes, 0)
+    elif isinstance(source, (str, os.PathLike)):
+        metadata, schemas = _read_metadata(name, source)
         st = os.stat(source)
         info = FileInfo(index, os.fspath(source), name, st.st_size, st.st_mtime_ns)
     else:
+        metadata, schemas = _read_metadata(name, source)
         pos = source.tell()
         nbytes = source.seek(0, os.SEEK_END)
         source.seek(pos)
@@ -305,9 +332,9 @@ def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> 
         matches = [c for c in all_columns.values() if fnmatch.fnmatchcase(c.name, item)]
         numeric_matches = [c for c in matches if c.dtype in NUMERIC_TYPES.values()]
         if not matches:
-            close = difflib.get_close_matches(item, list(all_columns), n=5, cutoff=0.5)
-            hint = f"; close names: {', '.join(close)}" if close else ""
-            raise SchemaError(f"column {item!r} matches no series in the sources{hint}")
+            raise SchemaError(
+                f"column {item!r} matches no series in the sources{_hint(item, all_columns)}"
+            )
         if not numeric_matches:
             raise SchemaError(
                 f"pattern {item!r} matches only non-numeric columns "
@@ -316,6 +343,19 @@ def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> 
         for col in numeric_matches:
             chosen.setdefault(col.name, col)
     return list(chosen.values())
+
+
+def _hint(item: str, all_columns: dict[str, Column]) -> str:
+    """Suggest full names for a bare field name (``f64`` -> ``t.d0.f64``, ``*.f64``)."""
+    full = [name for name in all_columns if name.endswith("." + item)]
+    if full:
+        shown = ", ".join(full[:5]) + (f" and {len(full) - 5} more" if len(full) > 5 else "")
+        return (
+            f"; columns are named table.tag.field (tree model: root.sg.device.measurement): "
+            f"use the full names ({shown}) or the pattern '*.{item}' for every device's {item}"
+        )
+    close = difflib.get_close_matches(item, list(all_columns), n=5, cutoff=0.5)
+    return f"; close names: {', '.join(close)}" if close else ""
 
 
 def _place_shards(col: Column, files: Sequence[FileInfo]) -> None:
@@ -364,6 +404,7 @@ def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:
 def build_catalog(
     sources: Source | Sequence[Source],
     columns: Sequence[str] | str | None = None,
+    remote_options: remote.RemoteOptions | None = None,
 ) -> Catalog:
     """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
 
@@ -371,13 +412,14 @@ def build_catalog(
         sources: paths, directories, glob patterns or binary file objects (see
             :func:`expand_sources`).
         columns: ``None`` for every numeric field, else exact names or glob patterns.
+        remote_options: how URL sources are reached and cached (``None``: defaults).
 
     Raises:
         TsFileFormatError: a source is missing or not a readable TsFile.
         SchemaError: a column is unknown or not numeric, shards overlap, or the selected columns
             do not share one timeline.
     """
-    expanded = expand_sources(sources)
+    expanded = expand_sources(sources, remote_options)
     files: list[FileInfo] = []
     all_columns: dict[str, Column] = {}
     for index, source in enumerate(expanded):

@@ -14,6 +14,7 @@ reaches persistent workers. Until ``set_epoch`` is first called, each new pass o
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from multiprocessing import sharedctypes
 
@@ -37,7 +38,8 @@ class _TsFileBase:
 
     def __init__(self, sources: Source | Sequence[Source], options: DatasetOptions):
         self.options = options
-        self.catalog: Catalog = build_catalog(sources, options.columns)
+        self.catalog: Catalog = build_catalog(sources, options.columns, options.remote)
+        _warn_inexact_integers(self.catalog, options.dtype)
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
         self._epoch = sharedctypes.RawValue("q", -1)
@@ -174,6 +176,34 @@ class _TsFileBase:
             f"columns, {self.num_rows} rows, batch_size={o.batch_size}, "
             f"read_backend={o.read_backend!r}, cache={o.cache!r})"
         )
+
+
+#: Largest integer magnitude below which every integer is exact in each float dtype (2**mantissa).
+_EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
+
+
+def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
+    """Warn when metadata min / max show integer columns that ``dtype`` cannot hold exactly."""
+    limit = _EXACT_INTEGERS[dtype]
+    inexact = [
+        c.name
+        for c in catalog.columns
+        if c.dtype in ("INT32", "INT64", "TIMESTAMP")
+        and max(abs(c.min or 0), abs(c.max or 0)) > limit
+    ]
+    if not inexact:
+        return
+    shown = ", ".join(inexact[:8]) + (f" and {len(inexact) - 8} more" if len(inexact) > 8 else "")
+    hint = (
+        "pass dtype=torch.float64 (exact up to 2**53)"
+        if dtype != "float64"
+        else "their values beyond 2**53 are rounded"
+    )
+    warnings.warn(
+        f"integer columns {shown} hold values beyond {limit:,} (metadata min / max), where "
+        f"{dtype} cannot represent every integer: values will be rounded; {hint}",
+        stacklevel=4,
+    )
 
 
 def _spawning() -> bool:

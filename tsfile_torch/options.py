@@ -6,11 +6,13 @@ argument is checked in one place with one message.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from .backend import parse_backend
 from .reader import DEFAULT_BLOCK_ROWS
+from .remote import DEFAULT_CACHE_LIMIT, RemoteOptions
 
 __all__ = ["CACHE_MODES", "DatasetOptions"]
 
@@ -72,6 +74,10 @@ class DatasetOptions:
         decode_threads: threads decoding different files / devices at once in a reading
             process; ``None``: up to 4 (the CPU count) with ``num_workers=0``, 1 inside
             DataLoader workers (the workers already use the cores).
+        storage_options: fsspec filesystem arguments for URL sources (credentials, endpoint).
+        cache_dir: where URL sources are copied before reading (``None``:
+            ``~/.cache/tsfile-torch/remote``); see :mod:`tsfile_torch.remote`.
+        cache_limit: bytes of copies kept in ``cache_dir`` (least recently used deleted first).
     """
 
     columns: tuple[str, ...] | None = None
@@ -88,6 +94,9 @@ class DatasetOptions:
     return_timestamps: bool = False
     malloc_tuning: bool = True
     decode_threads: int | None = None
+    storage_options: Mapping[str, Any] | None = None
+    cache_dir: str | None = None
+    cache_limit: int = DEFAULT_CACHE_LIMIT
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -122,11 +131,17 @@ class DatasetOptions:
             )
         _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
         _positive_int("block_rows", self.block_rows)
+        self.remote  # noqa: B018 (validates storage_options, cache_dir, cache_limit)
         if self.random_batches is not None and self.shuffle:
             raise ValueError(
                 "random_batches draws random windows already; shuffle=True cannot "
                 "be combined with it: leave shuffle=False"
             )
+
+    @property
+    def remote(self) -> RemoteOptions:
+        """The settings of URL sources, validated."""
+        return RemoteOptions(self.storage_options, self.cache_dir, self.cache_limit)
 
     def replace(self, **changes) -> DatasetOptions:
         """Return a copy with ``changes`` applied and validated."""

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from .backend import open_reader
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
+from .remote import local_source
 
 __all__ = ["BatchReader", "DEFAULT_BLOCK_ROWS", "default_cache_bytes", "tune_malloc"]
 
@@ -239,9 +240,10 @@ class BatchReader:
             if self.malloc_tuning:
                 tune_malloc()
             info = self.catalog.files[file_index]
-            if not isinstance(info.source, str):
-                info.source.seek(0)
-            reader, actual = open_reader(info.source, self.read_backend)
+            source = local_source(info.source)  # a URL: its local copy (Note: remote sources)
+            if not isinstance(source, str):
+                source.seek(0)
+            reader, actual = open_reader(source, self.read_backend)
             self.open_count += 1
             self._readers[file_index] = reader
             self.backends[file_index] = actual
