@@ -374,24 +374,23 @@ def _drop_old_versions(remote: RemoteFile) -> None:
 
 def _download(remote: RemoteFile, target: str) -> None:
     fs = _filesystem(remote.url, remote.options)
-    try:
-        fs.invalidate_cache(fs._strip_protocol(remote.url))  # ask the store, not a listing
-        info = fs.info(remote.url)
-    except Exception as err:
-        raise _remote_error(remote.url, "fetch", err) from err
-    now = RemoteFile(remote.url, int(info.get("size") or 0), _version(info), remote.options)
-    if (now.version, now.nbytes) != (remote.version, remote.nbytes):
-        raise RemoteError(
-            f"{remote.url}: object changed since the dataset was built (version "
-            f"{remote.version!r} -> {now.version!r}, size {remote.nbytes} -> {now.nbytes}); "
-            f"objects must not change while a dataset reads them: rebuild the dataset"
-        )
     part = f"{target}.part.{os.getpid()}"
     try:
+        fs.invalidate_cache(fs._strip_protocol(remote.url))  # ask the store, not a listing
+        # without size=, fsspec's buffered files look the object up once (s3fs: one HEAD, then
+        # every GET carries If-Match with that ETag, so the bytes are that version's)
         with (
             fs.open(remote.url, "rb", block_size=DOWNLOAD_BLOCK, cache_type="none") as src,
             open(part, "r+b") as dst,  # created at full size by fetch: space reserved
         ):
+            info = getattr(src, "details", None) or fs.info(remote.url)
+            version, nbytes = _version(info), int(info.get("size") or 0)
+            if (version, nbytes) != (remote.version, remote.nbytes):
+                raise RemoteError(
+                    f"{remote.url}: object changed since the dataset was built (version "
+                    f"{remote.version!r} -> {version!r}, size {remote.nbytes} -> {nbytes}); "
+                    f"objects must not change while a dataset reads them: rebuild the dataset"
+                )
             shutil.copyfileobj(src, dst, DOWNLOAD_BLOCK)
             got = dst.tell()
         if got != remote.nbytes:
