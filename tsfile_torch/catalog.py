@@ -34,6 +34,7 @@ __all__ = [
     "Shard",
     "build_catalog",
     "expand_sources",
+    "survey",
 ]
 
 #: tsfile types read as numbers; every other type is left out of ``columns=None``.
@@ -401,24 +402,10 @@ def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:
     return tuple(groups)
 
 
-def build_catalog(
-    sources: Source | Sequence[Source],
-    columns: Sequence[str] | str | None = None,
-    remote_options: remote.RemoteOptions | None = None,
-) -> Catalog:
-    """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
-
-    Args:
-        sources: paths, directories, glob patterns or binary file objects (see
-            :func:`expand_sources`).
-        columns: ``None`` for every numeric field, else exact names or glob patterns.
-        remote_options: how URL sources are reached and cached (``None``: defaults).
-
-    Raises:
-        TsFileFormatError: a source is missing or not a readable TsFile.
-        SchemaError: a column is unknown or not numeric, shards overlap, or the selected columns
-            do not share one timeline.
-    """
+def _read_sources(
+    sources: Source | Sequence[Source], remote_options: remote.RemoteOptions | None
+) -> tuple[list[FileInfo], dict[str, Column]]:
+    """Return the files and every series of ``sources`` (shards in file order, not placed)."""
     expanded = expand_sources(sources, remote_options)
     files: list[FileInfo] = []
     all_columns: dict[str, Column] = {}
@@ -438,6 +425,99 @@ def build_catalog(
         raise TsFileFormatError(
             f"{', '.join(f.name for f in files)}: no series in the sources; the TsFiles are empty"
         )
+    return files, all_columns
+
+
+def survey(
+    sources: Source | Sequence[Source],
+    columns: Sequence[str] | str | None = None,
+    remote_options: remote.RemoteOptions | None = None,
+) -> dict:
+    """Describe ``sources`` from metadata without laying out rows: what ``inspect`` prints.
+
+    Unlike :func:`build_catalog` this does not require the columns to share one timeline; it
+    says which do. A timeline is (row count, first time, last time) of a series over all files.
+
+    Returns:
+        ``{"files": [name...], "devices": [{"name", "files", "columns"}...], "timelines":
+        [{"num_rows", "start_time", "end_time", "columns": [name...]}...] (most columns first),
+        "columns": [per-column dict as :meth:`Catalog.describe`, plus "timeline" (its index)],
+        "left_out": [non-numeric "name:TYPE"...]}``.
+
+    Raises:
+        TsFileFormatError, SchemaError: as :func:`build_catalog`, except for timelines.
+    """
+    files, all_columns = _read_sources(sources, remote_options)
+    selected = _select(all_columns, columns)
+    keys: dict[tuple[int, int, int], list[str]] = {}
+    devices: dict[str, dict] = {}
+    described = []
+    for col in selected:
+        key = (
+            col.num_rows,
+            min(sh.start_time for sh in col.shards),
+            max(sh.end_time for sh in col.shards),
+        )
+        keys.setdefault(key, []).append(col.name)
+        device = _device_name(col.shards[0].device)
+        entry = devices.setdefault(device, {"name": device, "files": [], "columns": []})
+        entry["columns"].append(col.name)
+        for sh in col.shards:
+            if files[sh.file_index].name not in entry["files"]:
+                entry["files"].append(files[sh.file_index].name)
+        described.append((col, key))
+    timelines = sorted(keys.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    index = {key: i for i, (key, _) in enumerate(timelines)}
+    return {
+        "files": [f.name for f in files],
+        "devices": list(devices.values()),
+        "timelines": [
+            {"num_rows": k[0], "start_time": k[1], "end_time": k[2], "columns": names}
+            for k, names in timelines
+        ],
+        "columns": [
+            {
+                "name": c.name,
+                "dtype": c.dtype,
+                "timeline": index[key],
+                "num_rows": key[0],
+                "num_values": c.num_values,
+                "start_time": key[1],
+                "end_time": key[2],
+                "min": c.min,
+                "max": c.max,
+                "mean": (c.sum / c.num_values) if c.sum is not None and c.num_values else None,
+                "files": sorted({files[s.file_index].name for s in c.shards}),
+            }
+            for c, key in described
+        ],
+        "left_out": [
+            f"{c.name}:{c.dtype}"
+            for c in all_columns.values()
+            if c.dtype not in NUMERIC_TYPES.values()
+        ],
+    }
+
+
+def build_catalog(
+    sources: Source | Sequence[Source],
+    columns: Sequence[str] | str | None = None,
+    remote_options: remote.RemoteOptions | None = None,
+) -> Catalog:
+    """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
+
+    Args:
+        sources: paths, directories, glob patterns or binary file objects (see
+            :func:`expand_sources`).
+        columns: ``None`` for every numeric field, else exact names or glob patterns.
+        remote_options: how URL sources are reached and cached (``None``: defaults).
+
+    Raises:
+        TsFileFormatError: a source is missing or not a readable TsFile.
+        SchemaError: a column is unknown or not numeric, shards overlap, or the selected columns
+            do not share one timeline.
+    """
+    files, all_columns = _read_sources(sources, remote_options)
     selected = _select(all_columns, columns)
     for col in selected:
         _place_shards(col, files)

@@ -6,6 +6,8 @@ import argparse
 import json
 import sys
 
+from .errors import TsFileTorchError
+
 __all__ = ["main"]
 
 
@@ -55,32 +57,60 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from .catalog import build_catalog
+def _remote_options(args: argparse.Namespace):
+    from .remote import RemoteOptions
 
-    cat = build_catalog(args.sources, args.columns)
-    rows = cat.describe()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "num_rows": cat.num_rows,
-                    "start_time": cat.start_time,
-                    "end_time": cat.end_time,
-                    "columns": rows,
-                },
-                indent=1,
-            )
+    try:
+        storage = json.loads(args.storage_options) if args.storage_options else None
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"--storage-options must be a JSON object; got {args.storage_options!r}: {err}"
+        ) from err
+    return RemoteOptions(storage, getattr(args, "remote_cache_dir", None))
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .catalog import survey
+
+    report = survey(args.sources, args.columns, _remote_options(args))
+    timelines, columns = report["timelines"], report["columns"]
+    if len(timelines) == 1:  # the columns read together as one dataset
+        report.update(
+            num_rows=timelines[0]["num_rows"],
+            start_time=timelines[0]["start_time"],
+            end_time=timelines[0]["end_time"],
         )
+    if args.json:
+        print(json.dumps(report, indent=1))
         return 0
-    print(
-        f"{len(cat.files)} files, {len(rows)} columns, {cat.num_rows} rows, "
-        f"time [{cat.start_time}, {cat.end_time}]"
-    )
-    for r in rows:
+    head = f"{len(report['files'])} files, {len(report['devices'])} devices, {len(columns)} columns"
+    if len(timelines) == 1:
+        t = timelines[0]
+        print(f"{head}, {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]")
+    else:
         print(
-            f"  {r['name']:<40} {r['dtype']:<9} rows={r['num_rows']:<9} min={r['min']} "
-            f"max={r['max']} mean={r['mean']}"
+            f"{head} on {len(timelines)} timelines: a dataset reads columns of one timeline "
+            f"(select them with --columns / columns=[...])"
+        )
+    if report["left_out"]:
+        print(f"  left out (not numeric): {', '.join(report['left_out'])}")
+    print("devices:")
+    for d in report["devices"]:
+        print(f"  {d['name']:<30} {len(d['columns'])} columns in {', '.join(d['files'])}")
+    print("timelines (columns sharing one time column):")
+    for i, t in enumerate(timelines):
+        print(f"  [{i}] {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]:")
+        by_device: dict[str, list[str]] = {}
+        for name in t["columns"]:
+            device, field = name.rsplit(".", 1)
+            by_device.setdefault(device, []).append(field)
+        for device, fields in by_device.items():
+            print(f"      {device}: {' '.join(fields)}")
+    print("columns:")
+    for r in columns:
+        print(
+            f"  {r['name']:<40} {r['dtype']:<9} timeline={r['timeline']} rows={r['num_rows']:<9} "
+            f"min={r['min']} max={r['max']} mean={r['mean']}"
         )
     return 0
 
@@ -128,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("sources", nargs="+")
     i.add_argument("--columns", nargs="+")
     i.add_argument("--json", action="store_true")
+    i.add_argument(
+        "--storage-options", help="fsspec options for URL sources, JSON: '{\"anon\": true}'"
+    )
     i.set_defaults(func=_inspect)
 
     g = sub.add_parser("generate", help="write a synthetic table-model dataset")
@@ -141,8 +174,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; a user error prints one line on stderr and returns 2."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except (TsFileTorchError, ValueError, TypeError, OSError) as err:
+        print(f"tsfile-torch {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
