@@ -33,7 +33,9 @@ def test_generate_then_inspect_reports_columns_from_metadata(tmp_path, capsys):
 
 def _two_timelines(directory) -> None:
     """Table ``a``: 2 devices x 2 fields x 1,000 rows from time 0; ``b``: 1 x 1 x 500 from 10."""
-    synthetic.write_table_files(directory, synthetic.DatasetSpec(1, 2, 2, 1000, table="a"), prefix="a")
+    synthetic.write_table_files(
+        directory, synthetic.DatasetSpec(1, 2, 2, 1000, table="a"), prefix="a"
+    )
     spec_b = synthetic.DatasetSpec(1, 1, 1, 500, table="b")
     synthetic.write_table_files(directory, spec_b, prefix="b", start_time=10)
 
