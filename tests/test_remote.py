@@ -239,3 +239,25 @@ def test_memory_and_file_urls_read_like_paths(small_dir, small_expected, tmp_pat
         str(p) for p in sorted(small_dir.glob("*.tsfile"))
     ]
     np.testing.assert_array_equal(local[0].numpy(), small_expected.astype(np.float32))
+
+
+def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
+    s3_server, bucket, tmp_path, capsys
+):
+    import json
+
+    from tsfile_torch.cli import main
+
+    out = tmp_path / "remote.jsonl"
+    argv = ["bench", "--data", f"s3://{bucket}/data/", "--quick", "--batch-size", "1000"]
+    options = json.dumps(s3_server.storage_options)
+    assert main([*argv, "--storage-options", options, "--json", str(out)]) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["config"] for r in records] == [
+        "remote, empty cache, workers=0",
+        "remote, warm cache, workers=0",
+        "local copies, workers=0",
+    ]
+    assert all(r["checksum_ok"] and r["rows"] == 5000 and r["files"] == 3 for r in records)
+    assert all(len(r["epoch_seconds"]) == 2 for r in records)
+    assert "remote, empty cache, workers=0" in capsys.readouterr().out

@@ -11,9 +11,32 @@ from .errors import TsFileTorchError
 __all__ = ["main"]
 
 
+def _bench_remote(args: argparse.Namespace) -> int:
+    from . import bench, bench_remote
+
+    records = bench_remote.run_remote_benchmark(
+        args.data,
+        _remote_options(args).storage_options,
+        columns=args.columns,
+        batch_size=args.batch_size,
+        workers=tuple(args.workers) if args.workers else (0,),
+        epochs=2 if args.quick else 3,
+        rounds=args.rounds or (1 if args.quick else 3),
+        read_backend=args.backends[0],
+    )
+    print(bench_remote.format_remote_table(records))
+    if args.json:
+        bench.write_json(records, args.json)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
+    from .remote import is_url
 
+    if args.data and is_url(args.data) and not args.data.startswith("file://"):
+        return _bench_remote(args)
     data = args.data or bench.reference_data(args.cache_dir)
     if args.quick:
         plan = bench.BenchPlan(
@@ -40,7 +63,7 @@ def _bench(args: argparse.Namespace) -> int:
             rounds=args.rounds or 6,
             cold=args.cold,
         )
-        configs = bench.default_configs(args.backends, args.workers, args.caches)
+        configs = bench.default_configs(args.backends, args.workers or [0, 1, 2], args.caches)
     if args.cold and not hasattr(__import__("os"), "posix_fadvise"):
         print(
             "--cold: posix_fadvise is not available here; the page cache stays warm",
@@ -129,7 +152,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("bench", help="epoch-throughput benchmark beside TsFileDataFrame")
-    b.add_argument("--data", help="TsFiles to read (default: the reference dataset, generated)")
+    b.add_argument(
+        "--data",
+        help="TsFiles to read: a path, directory, glob or URL (s3://bucket/prefix/; then the "
+        "URL is timed against its local copies) (default: the reference dataset, generated)",
+    )
     b.add_argument("--cache-dir", help="where the reference dataset is generated")
     b.add_argument("--columns", nargs="+", help="column names or glob patterns")
     b.add_argument("--batch-size", type=int, default=8192)
@@ -140,7 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "mmap", "pread"],
         default=["auto", "mmap", "pread"],
     )
-    b.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2])
+    b.add_argument(
+        "--workers", nargs="+", type=int, help="DataLoader workers (default 0 1 2; URL: 0)"
+    )
     b.add_argument("--caches", nargs="+", choices=["none", "memory"], default=["none", "memory"])
     b.add_argument(
         "--cold",
@@ -152,6 +181,10 @@ def build_parser() -> argparse.ArgumentParser:
     b.add_argument("--json", help="write one JSON record per configuration and round")
     b.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument(
+        "--storage-options",
+        help='with --data URL: fsspec options, JSON: \'{"endpoint_url": "http://..."}\'',
+    )
     b.set_defaults(func=_bench)
 
     i = sub.add_parser("inspect", help="columns, rows and statistics from metadata")
