@@ -261,3 +261,23 @@ def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
     assert all(r["checksum_ok"] and r["rows"] == 5000 and r["files"] == 3 for r in records)
     assert all(len(r["epoch_seconds"]) == 2 for r in records)
     assert "remote, empty cache, workers=0" in capsys.readouterr().out
+
+
+def test_readme_object_storage_example_runs_as_written(
+    s3_server, small_dir, tmp_path, monkeypatch, capsys
+):
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("## Data in object storage", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    s3_server.upload("tsfile-torch-demo", small_dir, prefix="data/")
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.chdir(tmp_path)
+    gets = s3_server.object_gets("tsfile-torch-demo")
+    exec(compile(code, "README.md", "exec"), {})
+    assert capsys.readouterr().out == "s3://tsfile-torch-demo/data/part000.tsfile 5000 18\n"
+    assert len(list((tmp_path / "tsfile-torch-cache").glob("*.tsfile"))) == 3
+    assert s3_server.object_gets("tsfile-torch-demo") - gets <= 3 * 2 + 3  # metadata + 1 each
