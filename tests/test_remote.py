@@ -281,3 +281,24 @@ def test_readme_object_storage_example_runs_as_written(
     assert capsys.readouterr().out == "s3://tsfile-torch-demo/data/part000.tsfile 5000 18\n"
     assert len(list((tmp_path / "tsfile-torch-cache").glob("*.tsfile"))) == 3
     assert s3_server.object_gets("tsfile-torch-demo") - gets <= 3 * 2 + 3  # metadata + 1 each
+
+
+def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path):
+    # one series continued across two files: rows 0..999 in day0, 1000..1999 in day1
+    name = f"bucket-{next(_BUCKETS)}"
+    spec = synthetic.DatasetSpec(1, 1, 2, 1000)
+    synthetic.write_table_files(tmp_path / "files", spec, prefix="day0_")
+    synthetic.write_table_files(tmp_path / "files", spec, prefix="day1_", row_offset=1000)
+    s3_server.upload(name, tmp_path / "files")
+    ds = TsFileDataset(
+        f"s3://{name}/",
+        batch_size=500,
+        storage_options=s3_server.storage_options,
+        cache_dir=tmp_path / "cache",
+    )
+    assert ds.num_rows == 2000
+    built = {k: s3_server.object_gets(name, k) for k in ("day0_000.tsfile", "day1_000.tsfile")}
+    expected = np.stack([synthetic.value_of(0, c, np.arange(1500, 2000)) for c in range(2)], 1)
+    np.testing.assert_array_equal(ds[3].numpy(), expected.astype(np.float32))  # rows 1500..1999
+    assert s3_server.object_gets(name, "day0_000.tsfile") == built["day0_000.tsfile"]
+    assert s3_server.object_gets(name, "day1_000.tsfile") == built["day1_000.tsfile"] + 1
