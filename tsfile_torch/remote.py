@@ -102,7 +102,7 @@ class RemoteOptions:
         cache_limit: bytes of local copies kept before the least recently used are deleted.
     """
 
-    storage_options: Mapping[str, Any] | None = None
+    storage_options: Mapping[str, Any] | None = field(default=None, hash=False)
     cache_dir: str | None = None
     cache_limit: int = DEFAULT_CACHE_LIMIT
 
@@ -136,7 +136,7 @@ class RemoteFile:
     url: str
     nbytes: int
     version: str
-    options: RemoteOptions = field(default_factory=RemoteOptions, repr=False)
+    options: RemoteOptions = field(default_factory=RemoteOptions, repr=False, compare=False)
 
     @property
     def name(self) -> str:
