@@ -21,7 +21,8 @@ from tqdm import tqdm
 from tsfile_torch import TsFileIterableDataset, make_loader, synthetic
 
 
-def main(argv: list[str] | None = None) -> float:
+def main(argv: list[str] | None = None) -> list[float]:
+    """Train; return the mean loss of each epoch."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
         "--data",
@@ -55,10 +56,10 @@ def main(argv: list[str] | None = None) -> float:
     mean = torch.tensor([c["mean"] for c in stats], dtype=torch.float32)
     scale = torch.tensor([max(c["max"] - c["min"], 1e-6) for c in stats], dtype=torch.float32)
 
-    loss = float("nan")
+    losses = []
     for epoch in range(args.epochs):
         ds.set_epoch(epoch)
-        rows, start = 0, time.perf_counter()
+        rows, total, start = 0, 0.0, time.perf_counter()
         bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False)
         for batch in bar:
             x = (batch - mean) / scale
@@ -69,13 +70,15 @@ def main(argv: list[str] | None = None) -> float:
             optimizer.step()
             rows += batch.shape[0]
             loss = loss_t.item()
+            total += loss * batch.shape[0]
             bar.set_postfix(loss=f"{loss:.4f}")
         seconds = time.perf_counter() - start
+        losses.append(total / max(rows, 1))
         print(
-            f"epoch {epoch}: loss {loss:.5f}, {rows} rows in {seconds:.2f} s, "
+            f"epoch {epoch}: mean loss {losses[-1]:.5f}, {rows} rows in {seconds:.2f} s, "
             f"{rows / seconds:,.0f} rows/s"
         )
-    return loss
+    return losses
 
 
 if __name__ == "__main__":

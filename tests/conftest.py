@@ -1,7 +1,8 @@
 """Fixtures: real TsFiles written with tsfile's writers, values a known function of position.
 
 Value of a table-model cell: ``synthetic.value_of(file, column_in_file, row)``; helpers below
-build the expected matrix for any row range, so a test's expected answer is one line.
+build the expected matrix for any row range, so a test's expected answer is one line, and
+``rows_of`` recovers the row numbers of a batch (the one row-identity helper).
 """
 
 from __future__ import annotations
@@ -12,6 +13,20 @@ import pytest
 from tsfile_torch import synthetic
 
 SMALL = synthetic.DatasetSpec(num_files=3, devices_per_file=2, fields_per_device=3, num_rows=5000)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_home(tmp_path_factory):
+    """Timeline indexes go to a temporary cache home, never the user's ~/.cache."""
+    import os
+
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
 
 
 @pytest.fixture(params=["auto", "mmap", "pread"])
@@ -122,3 +137,29 @@ def s3_server():
     server = S3Server()
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def rows_of(small_expected):
+    """The function ``(batch[, full]) -> row numbers`` of a float batch, by whole-row lookup.
+
+    Rows of the synthetic data are unique, so each batch row names its row in ``full`` (the
+    small dataset unless given). Asserts the rows are consecutive: every batch (sequential,
+    shuffled or a random window) is a run of rows in time order.
+    """
+    lookups: dict[int, tuple[np.ndarray, dict[bytes, int]]] = {}
+
+    def lookup(full: np.ndarray) -> dict[bytes, int]:
+        if id(full) not in lookups:
+            table = np.ascontiguousarray(full.astype(np.float32))
+            lookups[id(full)] = (full, {table[i].tobytes(): i for i in range(len(table))})
+        return lookups[id(full)][1]
+
+    def rows(batch, full: np.ndarray = small_expected) -> np.ndarray:
+        table = lookup(full)
+        values = np.ascontiguousarray(np.asarray(batch, dtype=np.float32))
+        found = np.array([table[r.tobytes()] for r in values])
+        assert np.array_equal(found, np.arange(found[0], found[0] + len(found)))
+        return found
+
+    return rows

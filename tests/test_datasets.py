@@ -12,14 +12,6 @@ from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 from tsfile_torch import TsFileDataset, TsFileIterableDataset, make_loader, synthetic
 
 
-def _rows_of(batch: torch.Tensor, full: np.ndarray) -> np.ndarray:
-    """Return the row numbers of a batch, found by matching whole rows (rows are unique)."""
-    table = np.ascontiguousarray(full.astype(np.float32))
-    lookup = {table[i].tobytes(): i for i in range(len(table))}
-    rows = np.ascontiguousarray(batch.numpy().astype(np.float32))
-    return np.array([lookup[r.tobytes()] for r in rows])
-
-
 @pytest.mark.parametrize("block_rows", [65536, 1500])
 def test_sequential_epoch_returns_every_value_exactly(
     small_dir, small_expected, read_backend, block_rows
@@ -57,22 +49,26 @@ def test_float64_batches_are_the_stored_doubles(small_dir, small_expected, read_
     np.testing.assert_array_equal(batch.numpy(), small_expected[:, 6:9])
 
 
-def test_timestamps_can_come_with_each_batch(small_dir, read_backend):
+def test_timestamps_are_those_of_the_values_rows(small_dir, read_backend, rows_of):
     ds = TsFileIterableDataset(
         small_dir, batch_size=2000, read_backend=read_backend, return_timestamps=True, shuffle=True
     )
+    seen = []
     for values, times in ds:
-        assert values.shape[0] == times.shape[0] and times.dtype == torch.int64
-        assert torch.equal(times, torch.arange(times[0], times[0] + len(times)))
+        assert times.dtype == torch.int64 and times.shape == (values.shape[0],)
+        # the small dataset's row r has timestamp r: each timestamp must be its value row's
+        np.testing.assert_array_equal(times.numpy(), rows_of(values))
+        seen.append(int(times[0]))
+    assert sorted(seen) == [0, 2000, 4000]
 
 
 def test_shuffled_epoch_is_a_permutation_of_batches_fixed_by_seed_and_epoch(
-    small_dir, small_expected
+    small_dir, small_expected, rows_of
 ):
     def order(seed, epoch):
         ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True, seed=seed)
         ds.set_epoch(epoch)
-        return [int(_rows_of(b, small_expected)[0]) for b in ds]
+        return [int(rows_of(b)[0]) for b in ds]
 
     first = order(0, 0)
     assert sorted(first) == list(range(0, 5000, 500))
@@ -81,25 +77,25 @@ def test_shuffled_epoch_is_a_permutation_of_batches_fixed_by_seed_and_epoch(
     assert order(1, 0) != first
 
 
-def test_without_set_epoch_each_pass_is_the_next_epoch(small_dir, small_expected):
+def test_without_set_epoch_each_pass_is_the_next_epoch(small_dir, small_expected, rows_of):
     ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True)
-    passes = [[int(_rows_of(b, small_expected)[0]) for b in ds] for _ in range(2)]
+    passes = [[int(rows_of(b)[0]) for b in ds] for _ in range(2)]
     ref = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True)
     ref.set_epoch(1)
-    assert passes[1] == [int(_rows_of(b, small_expected)[0]) for b in ref]
+    assert passes[1] == [int(rows_of(b)[0]) for b in ref]
     assert passes[0] != passes[1]
 
 
-def test_rows_inside_a_shuffled_batch_stay_in_time_order(small_dir, small_expected):
+def test_rows_inside_a_shuffled_batch_stay_in_time_order(small_dir, small_expected, rows_of):
     ds = TsFileIterableDataset(small_dir, batch_size=700, shuffle=True)
     for batch in ds:
-        rows = _rows_of(batch, small_expected)
+        rows = rows_of(batch)
         assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
         np.testing.assert_array_equal(batch.numpy(), small_expected[rows].astype(np.float32))
 
 
 def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
-    small_dir, small_expected, read_backend
+    small_dir, small_expected, read_backend, rows_of
 ):
     ds = TsFileIterableDataset(
         small_dir, batch_size=800, random_batches=6, seed=3, read_backend=read_backend
@@ -107,7 +103,7 @@ def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
     ds.set_epoch(2)
     starts = []
     for batch in ds:
-        rows = _rows_of(batch, small_expected)
+        rows = rows_of(batch)
         assert batch.shape == (800, 18)
         np.testing.assert_array_equal(
             batch.numpy(), small_expected[rows[0] : rows[0] + 800].astype(np.float32)
@@ -116,9 +112,9 @@ def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
     assert len(starts) == len(ds) == 6
     again = TsFileDataset(small_dir, batch_size=800, random_batches=6, seed=3)
     again.set_epoch(2)
-    assert [int(_rows_of(again[i], small_expected)[0]) for i in range(6)] == starts
+    assert [int(rows_of(again[i])[0]) for i in range(6)] == starts
     again.set_epoch(3)
-    assert [int(_rows_of(again[i], small_expected)[0]) for i in range(6)] != starts
+    assert [int(rows_of(again[i])[0]) for i in range(6)] != starts
 
 
 def test_nulls_read_as_nan(tmp_path, read_backend):
@@ -173,33 +169,32 @@ def test_shards_across_files_read_as_one_series(tmp_path, read_backend):
 
 
 def test_map_style_dataset_with_random_sampler_covers_each_batch_once(
-    small_dir, small_expected, read_backend
+    small_dir, small_expected, read_backend, rows_of
 ):
     ds = TsFileDataset(small_dir, batch_size=1000, read_backend=read_backend)
     assert len(ds) == 5
     loader = DataLoader(ds, batch_size=None, sampler=RandomSampler(ds))
-    seen = sorted(int(_rows_of(b, small_expected)[0]) for b in loader)
+    seen = sorted(int(rows_of(b)[0]) for b in loader)
     assert seen == [0, 1000, 2000, 3000, 4000]
     np.testing.assert_array_equal(ds[-1].numpy(), small_expected[4000:].astype(np.float32))
 
 
-def test_map_style_dataset_with_distributed_sampler_splits_batches(small_dir, small_expected):
+def test_map_style_dataset_with_distributed_sampler_splits_batches(
+    small_dir, small_expected, rows_of
+):
     ds = TsFileDataset(small_dir, batch_size=1000)
     seen = []
     for rank in range(2):
         sampler = DistributedSampler(ds, num_replicas=2, rank=rank, shuffle=True, seed=1)
-        rows = [
-            int(_rows_of(b, small_expected)[0])
-            for b in DataLoader(ds, batch_size=None, sampler=sampler)
-        ]
+        rows = [int(rows_of(b)[0]) for b in DataLoader(ds, batch_size=None, sampler=sampler)]
         assert len(rows) == 3  # 5 batches padded to 6: every rank the same count
         seen += rows
     assert set(seen) == {0, 1000, 2000, 3000, 4000}
 
 
-def test_make_loader_with_map_style_shuffle(small_dir, small_expected):
+def test_make_loader_with_map_style_shuffle(small_dir, small_expected, rows_of):
     loader = make_loader(TsFileDataset(small_dir, batch_size=1000), shuffle=True)
-    assert sorted(int(_rows_of(b, small_expected)[0]) for b in loader) == list(range(0, 5000, 1000))
+    assert sorted(int(rows_of(b)[0]) for b in loader) == list(range(0, 5000, 1000))
 
 
 def test_iterable_items_cover_every_batch_once_across_ranks_and_workers(small_dir):
@@ -222,7 +217,7 @@ def test_dataset_pickles_without_native_readers(small_dir, small_expected):
     assert ds.reader.num_open == 3
     ds.set_epoch(4)
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone._reader is None and clone._epoch.value == 4
+    assert clone._reader is None and clone.epoch == 4
     np.testing.assert_array_equal(
         next(iter(clone)).numpy(), small_expected[:2500].astype(np.float32)
     )

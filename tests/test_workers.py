@@ -11,19 +11,10 @@ import torch
 from tsfile_torch import TsFileDataset, TsFileIterableDataset, make_loader
 
 
-def _first_rows(batches, full: np.ndarray) -> list[int]:
-    table = np.ascontiguousarray(full.astype(np.float32))
-    lookup = {table[i].tobytes(): i for i in range(len(table))}
-    out = []
-    for b in batches:
-        rows = [lookup[r.tobytes()] for r in np.ascontiguousarray(b.numpy())]
-        assert rows == list(range(rows[0], rows[0] + len(rows)))  # time order inside a batch
-        out.append(rows[0])
-    return out
-
-
 @pytest.mark.parametrize("shuffle", [False, True])
-def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, read_backend, shuffle):
+def test_each_row_arrives_once_across_two_workers(
+    small_dir, small_expected, read_backend, shuffle, rows_of
+):
     ds = TsFileIterableDataset(
         small_dir, batch_size=600, shuffle=shuffle, read_backend=read_backend
     )
@@ -33,30 +24,32 @@ def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, rea
         batches = list(loader)
         values = torch.cat(batches).numpy()
         assert values.shape == small_expected.shape
-        order = np.argsort(_first_rows(batches, small_expected), kind="stable")
+        order = np.argsort([int(rows_of(b)[0]) for b in batches], kind="stable")
         np.testing.assert_array_equal(
             torch.cat([batches[i] for i in order]).numpy(), small_expected.astype(np.float32)
         )
 
 
-def test_set_epoch_reaches_persistent_workers(small_dir, small_expected):
+def test_set_epoch_reaches_persistent_workers(small_dir, small_expected, rows_of):
     ds = TsFileIterableDataset(small_dir, batch_size=250, shuffle=True, seed=7)
     loader = make_loader(ds, num_workers=2)
     for epoch in (0, 1, 5):
         ds.set_epoch(epoch)
-        got = _first_rows(list(loader), small_expected)
+        got = [int(rows_of(b)[0]) for b in list(loader)]
         runs = [list(ds.items_for(epoch, worker=w, num_workers=2)) for w in range(2)]
         # the DataLoader takes one batch from each worker in turn
         interleaved = [x for pair in zip(*runs, strict=True) for x in pair]
         assert got == interleaved
 
 
-def test_map_style_random_windows_follow_set_epoch_in_persistent_workers(small_dir, small_expected):
+def test_map_style_random_windows_follow_set_epoch_in_persistent_workers(
+    small_dir, small_expected, rows_of
+):
     ds = TsFileDataset(small_dir, batch_size=500, random_batches=4, seed=2)
     loader = make_loader(ds, num_workers=2)
     for epoch in (0, 3):
         ds.set_epoch(epoch)
-        got = _first_rows(list(loader), small_expected)
+        got = [int(rows_of(b)[0]) for b in list(loader)]
         assert got == [int(s) for s in ds._windows(epoch)]
 
 
@@ -103,18 +96,20 @@ def test_in_process_reader_is_kept_across_epochs(small_dir):
     assert ds.reader is reader and reader.open_count == opens == 3
 
 
-def test_spawn_start_method_works(small_dir, small_expected):
+def test_spawn_start_method_works(small_dir, small_expected, rows_of):
     ds = TsFileIterableDataset(small_dir, batch_size=1000, read_backend="mmap")
     next(iter(ds))  # the parent has open readers: they must not travel
     loader = make_loader(ds, num_workers=2, multiprocessing_context="spawn")
     batches = list(loader)
-    order = np.argsort(_first_rows(batches, small_expected))
+    order = np.argsort([int(rows_of(b)[0]) for b in batches])
     np.testing.assert_array_equal(
         torch.cat([batches[i] for i in order]).numpy(), small_expected.astype(np.float32)
     )
 
 
-def test_plain_fork_after_reading_in_the_parent_reads_exact_values(small_dir, small_expected):
+def test_plain_fork_after_reading_in_the_parent_reads_exact_values(
+    small_dir, small_expected, rows_of
+):
     from torch.utils.data import DataLoader
 
     from tsfile_torch.backend import fork_safe
@@ -124,7 +119,7 @@ def test_plain_fork_after_reading_in_the_parent_reads_exact_values(small_dir, sm
     next(iter(ds))  # tsfile's native thread pool now runs in this process
     loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
     batches = list(loader)
-    order = np.argsort(_first_rows(batches, small_expected))
+    order = np.argsort([int(rows_of(b)[0]) for b in batches])
     np.testing.assert_array_equal(
         torch.cat([batches[i] for i in order]).numpy(), small_expected.astype(np.float32)
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .backend import BACKENDS, open_reader, parse_backend
 from .catalog import Catalog, build_catalog
-from .datasets import TsFileDataset, TsFileIterableDataset
+from .datasets import EpochSampler, TsFileDataset, TsFileIterableDataset
 from .errors import (
     MappingError,
     RemoteError,
@@ -24,6 +24,7 @@ __all__ = [
     "BatchReader",
     "Catalog",
     "DatasetOptions",
+    "EpochSampler",
     "MappingError",
     "RemoteError",
     "SchemaError",

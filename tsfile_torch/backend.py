@@ -28,6 +28,7 @@ __all__ = [
     "open_reader",
     "source_name",
     "is_mapped",
+    "mapped_paths",
 ]
 
 #: Backend names and the tsfile setting each stands for.
@@ -137,14 +138,22 @@ def source_name(source: Source) -> str:
     return name if isinstance(name, str) else f"<{type(source).__name__} object>"
 
 
-def is_mapped(path: str) -> bool:
-    """Return True when ``path`` is memory-mapped in this process (Linux ``/proc/self/maps``)."""
-    real = os.path.realpath(path)
+def mapped_paths() -> set[str] | None:
+    """Return the paths of files memory-mapped in this process (``None`` off Linux)."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            return any(line.rstrip("\n").endswith(real) for line in maps)
+            return {
+                parts[5].rstrip("\n")
+                for parts in (line.split(None, 5) for line in maps)
+                if len(parts) == 6
+            }
     except OSError:
-        return False
+        return None
+
+
+def is_mapped(path: str) -> bool:
+    """Return True when ``path`` is memory-mapped in this process (Linux ``/proc/self/maps``)."""
+    return os.path.realpath(path) in (mapped_paths() or ())
 
 
 def _can_map(source: Source) -> bool:
@@ -168,16 +177,21 @@ def check_backend(source: Source, backend: str) -> None:
         )
 
 
-def open_reader(source: Source, backend: str) -> tuple[TsFileReader, str]:
+def open_reader(
+    source: Source, backend: str, check_mapped: bool = True
+) -> tuple[TsFileReader, str | None]:
     """Open a reader on ``source`` with ``backend`` captured, and say which backend it really got.
 
     Args:
         source: a path to a TsFile or a seekable binary file object.
         backend: a name accepted by :func:`parse_backend`.
+        check_mapped: look up which backend the reader really got (one scan of
+            ``/proc/self/maps`` on Linux); ``False`` skips it and returns ``None`` for it.
 
     Returns:
         The open reader and the backend it really uses: ``"mmap"`` or ``"pread"`` (on Linux this
-        is read from ``/proc/self/maps``; elsewhere it is what was asked for).
+        is read from ``/proc/self/maps``; elsewhere it is what was asked for), or ``None`` when
+        not checked.
 
     Raises:
         MappingError: ``backend`` is ``"mmap"`` and the source cannot be mapped (a file object,
@@ -212,6 +226,8 @@ def open_reader(source: Source, backend: str) -> tuple[TsFileReader, str]:
             ) from err
         finally:
             tsfile.set_file_read_backend(previous)
+    if not check_mapped:
+        return reader, None
     actual = _actual_backend(source, backend)
     if backend == "mmap" and actual != "mmap":
         reader.close()

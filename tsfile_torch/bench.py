@@ -3,8 +3,10 @@
 Upstream's training-style protocol, in one process run. Per round and configuration: build the
 dataset and loader, run ``epochs`` sequential epochs (the first reported apart: it pays worker
 start and reader opens), then ``random_batches`` random windows. Rounds alternate the order of
-configurations. Every configuration's checksum (an order-free sum of the float32 bit patterns of
-every value it delivered) must equal the memory-copy reference's, so a fast wrong path cannot win.
+configurations. Every configuration's checksum must equal the memory-copy reference's, so a fast
+wrong path cannot win: each batch's checksum weighs every float32 bit pattern by its row and
+column inside the batch (:func:`checksum`), so permuted rows, swapped columns or a shifted
+window change it; batches are summed, as workers legitimately interleave them.
 
 Timing uses ``time.perf_counter``; ratios to each baseline are taken pair by pair inside a round
 (``baseline seconds / configuration seconds``, > 1 means faster than the baseline), then the
@@ -97,9 +99,26 @@ def default_configs(
 
 # -- measuring helpers ----------------------------------------------------------------------
 def checksum(values: np.ndarray) -> int:
-    """Order-free exact checksum: sum of the float32 bit patterns, modulo 2**64."""
+    """Return a position-dependent exact checksum of one batch, modulo 2**64.
+
+    ``sum(bits[i, j] * (2 * (i * num_columns + j) + 1))`` over the float32 bit patterns: every
+    position has its own odd weight, so moving a value to another row or column changes the
+    sum (unless the values there have the same bits). Computed as two reductions (by row and by
+    column), cheap next to reading the batch.
+    """
     as32 = np.ascontiguousarray(values, dtype=np.float32)
-    return int(as32.view(np.uint32).sum(dtype=np.uint64))
+    bits = as32.view(np.uint32).reshape(as32.shape[0], -1)
+    rows, cols = bits.shape
+    by_row = bits.sum(axis=1, dtype=np.uint64)
+    by_col = bits.sum(axis=0, dtype=np.uint64)
+    # weight(i, j) = 2 * cols * i + 2 * j + 1 splits into a row part and a column part
+    row_weight = np.arange(rows, dtype=np.uint64) * np.uint64(2 * cols)
+    col_weight = np.arange(cols, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
+    with np.errstate(over="ignore"):
+        total = (by_row * row_weight).sum(dtype=np.uint64) + (by_col * col_weight).sum(
+            dtype=np.uint64
+        )
+    return int(total)
 
 
 def _proc_faults(pid: int) -> tuple[int, int]:
@@ -380,7 +399,9 @@ def run_benchmark(
         for p in paths:
             os.symlink(os.path.abspath(p), os.path.join(frame_dir, os.path.basename(p)))
         runner = _Runner(plan, paths, names, reference, times, frame_dir)
-        expected_seq = checksum(reference)
+        expected_seq = sum(
+            checksum(reference[s : s + plan.batch_size]) for s in runner.seq_starts
+        ) % (1 << 64)
         expected_rnd = sum(
             checksum(reference[s : s + plan.batch_size]) for s in runner.rand_starts
         ) % (1 << 64)

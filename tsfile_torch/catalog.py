@@ -123,6 +123,14 @@ class ReadGroup:
     def stop_row(self) -> int:
         return self.start_row + self.num_rows
 
+    @property
+    def start_time(self) -> int:
+        return self.shards[0].start_time
+
+    @property
+    def end_time(self) -> int:
+        return self.shards[0].end_time
+
 
 @dataclass(frozen=True)
 class Catalog:
@@ -502,14 +510,20 @@ def survey(
 def build_catalog(
     sources: Source | Sequence[Source],
     columns: Sequence[str] | str | None = None,
+    start_time: int | None = None,
+    end_time: int | None = None,
     remote_options: remote.RemoteOptions | None = None,
 ) -> Catalog:
     """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
 
     Args:
-        sources: paths, directories, glob patterns or binary file objects (see
+        sources: paths, directories, glob patterns, URLs or binary file objects (see
             :func:`expand_sources`).
         columns: ``None`` for every numeric field, else exact names or glob patterns.
+        start_time, end_time: keep only rows with timestamps in ``[start_time, end_time]``
+            (inclusive; ``None``: unbounded). Shards wholly inside or outside come from metadata;
+            a shard the range cuts has the timestamps of its rows in range read once, to count
+            them (cost ~ the rows selected; a remote file is downloaded for this).
         remote_options: how URL sources are reached and cached (``None``: defaults).
 
     Raises:
@@ -519,6 +533,8 @@ def build_catalog(
     """
     files, all_columns = _read_sources(sources, remote_options)
     selected = _select(all_columns, columns)
+    if start_time is not None or end_time is not None:
+        _restrict(selected, files, start_time, end_time)
     for col in selected:
         _place_shards(col, files)
     _check_timeline(selected)
@@ -565,3 +581,74 @@ def _check_timeline(columns: Iterable[Column]) -> None:
                 f"[{col.start_time}, {col.end_time}]; select columns with equal timestamps "
                 f"(time-aligned joins are not supported yet)"
             )
+
+
+_MIN_TIME, _MAX_TIME = -(2**63), 2**63 - 1
+
+
+def _restrict(
+    columns: Sequence[Column],
+    files: Sequence[FileInfo],
+    start_time: int | None,
+    end_time: int | None,
+) -> None:
+    """Cut every column's shards to ``[start_time, end_time]`` (in place)."""
+    lo = _MIN_TIME if start_time is None else start_time
+    hi = _MAX_TIME if end_time is None else end_time
+    counted: dict[tuple, Shard | None] = {}  # one count per timeline (aligned device of a file)
+    for col in columns:
+        kept = []
+        for shard in col.shards:
+            if shard.end_time < lo or shard.start_time > hi:
+                continue
+            if lo <= shard.start_time and shard.end_time <= hi:
+                kept.append(shard)
+                continue
+            key = (shard.file_index, shard.device, shard.aligned or shard.measurement)
+            if key not in counted:
+                counted[key] = _cut(shard, files[shard.file_index], lo, hi)
+            cut = counted[key]
+            if cut is not None:
+                kept.append(
+                    replace(
+                        shard,
+                        start_time=cut.start_time,
+                        end_time=cut.end_time,
+                        num_rows=cut.num_rows,
+                    )
+                )
+        if not kept:
+            raise SchemaError(
+                f"column {col.name!r} has no rows in the time range [{start_time}, {end_time}] "
+                f"(its data spans [{col.start_time}, {col.end_time}]); widen start_time / end_time"
+            )
+        col.shards[:] = kept
+
+
+def _cut(shard: Shard, info: FileInfo, lo: int, hi: int) -> Shard | None:
+    """Return ``shard`` cut to ``[lo, hi]`` by reading its timestamps there; None if empty."""
+    from .native import prepare_handles, query_times
+
+    source = remote.local_source(info.source)  # a URL: fetched now (Note: remote sources)
+    if not isinstance(source, str):
+        source.seek(0)
+    reader, _ = open_reader(source, "pread", check_mapped=False)
+    try:
+        (handle,) = prepare_handles(reader, shard.file_index, info.nbytes, info.name, [shard])
+        times = query_times(
+            reader, handle, shard.aligned, max(lo, shard.start_time), min(hi, shard.end_time)
+        )
+    except TsFileFormatError:
+        raise
+    except Exception as err:
+        raise TsFileFormatError(
+            f"{info.name}: cannot read the timestamps of {shard.measurement!r} "
+            f"({type(err).__name__}: {err}); the file is damaged"
+        ) from err
+    finally:
+        reader.close()
+    if not len(times):
+        return None
+    return replace(
+        shard, start_time=int(times[0]), end_time=int(times[-1]), num_rows=int(len(times))
+    )

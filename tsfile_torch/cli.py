@@ -31,12 +31,32 @@ def _bench_remote(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale(args: argparse.Namespace) -> int:
+    import os
+
+    from . import scale
+
+    data_dir = args.cache_dir or os.path.join(
+        os.path.expanduser("~"), ".cache", "tsfile-torch", "scale"
+    )
+    records = scale.run_scale(data_dir, quick=args.quick)
+    print(scale.format_scale(records))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
     from .remote import is_url
 
     if args.data and is_url(args.data) and not args.data.startswith("file://"):
         return _bench_remote(args)
+    if args.scale:
+        return _scale(args)
     data = args.data or bench.reference_data(args.cache_dir)
     if args.quick:
         plan = bench.BenchPlan(
@@ -178,6 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
         "before each configuration (posix_fadvise DONTNEED)",
     )
     b.add_argument("--quick", action="store_true", help="a short run (under 30 s)")
+    b.add_argument(
+        "--scale",
+        action="store_true",
+        help="the scale benchmark: rows per file, number of files, columns, decode floor "
+        "(data generated under --cache-dir, default ~/.cache/tsfile-torch/scale)",
+    )
     b.add_argument("--json", help="write one JSON record per configuration and round")
     b.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true")

@@ -6,13 +6,16 @@ argument is checked in one place with one message.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from .backend import parse_backend
+from .openfiles import DEFAULT_MAX_OPEN_FILES
 from .reader import DEFAULT_BLOCK_ROWS
 from .remote import DEFAULT_CACHE_LIMIT, RemoteOptions
+from .timeline import default_index_dir
 
 __all__ = ["CACHE_MODES", "DatasetOptions"]
 
@@ -32,6 +35,16 @@ def _positive_int(name: str, value: Any, allow_none: bool = False, allow_zero: b
     if value < 0 or (value == 0 and not allow_zero):
         raise ValueError(f"{name} should be a positive integer value, but got {name}={value!r}")
     return value
+
+
+def _seed(value: Any) -> int:
+    """Return ``value`` modulo 2**64, as ``torch.Generator.manual_seed`` takes any integer."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise ValueError(
+            f"seed should be an integer (any sign; it is taken modulo 2**64), "
+            f"but got seed={value!r}"
+        )
+    return int(value) % (1 << 64)
 
 
 def _bool(name: str, value: Any) -> bool:
@@ -58,7 +71,8 @@ class DatasetOptions:
         columns: ``None`` for every numeric field, else exact names or glob patterns.
         batch_size: rows per batch.
         shuffle: batches in a (seed, epoch) permutation instead of row order.
-        seed: seed of every random choice.
+        seed: seed of every random choice: any integer, kept modulo 2**64 (``-1`` is stored
+            as ``2**64 - 1``, as ``torch.Generator.manual_seed`` does).
         drop_last: leave out the last, shorter batch.
         read_backend: ``"auto"``, ``"mmap"`` or ``"pread"``.
         dtype: name of the torch floating dtype of batches (``"float32"``...).
@@ -78,6 +92,13 @@ class DatasetOptions:
         cache_dir: where URL sources are copied before reading (``None``:
             ``~/.cache/tsfile-torch/remote``); see :mod:`tsfile_torch.remote`.
         cache_limit: bytes of copies kept in ``cache_dir`` (least recently used deleted first).
+        start_time: first timestamp to read (inclusive, tsfile's convention); ``None``: from
+            the start. Pushed down to the reader: only rows in range are read.
+        end_time: last timestamp to read (inclusive); ``None``: to the end.
+        max_open_files: TsFile readers open at once per process (an LRU; closed mmap readers
+            unmap their file).
+        index_cache: where timeline indexes are cached across processes and runs: ``True`` for
+            ``~/.cache/tsfile-torch/index``, a directory path, or ``False`` for memory only.
     """
 
     columns: tuple[str, ...] | None = None
@@ -97,6 +118,10 @@ class DatasetOptions:
     storage_options: Mapping[str, Any] | None = None
     cache_dir: str | None = None
     cache_limit: int = DEFAULT_CACHE_LIMIT
+    start_time: int | None = None
+    end_time: int | None = None
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES
+    index_cache: bool | str = True
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -120,8 +145,7 @@ class DatasetOptions:
         _bool("return_timestamps", self.return_timestamps)
         _bool("malloc_tuning", self.malloc_tuning)
         _positive_int("decode_threads", self.decode_threads, allow_none=True)
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
-            raise TypeError(f"seed should be a non-negative integer, but got seed={self.seed!r}")
+        set_("seed", _seed(self.seed))
         set_("read_backend", parse_backend(self.read_backend))
         set_("dtype", _dtype_name(self.dtype))
         _positive_int("random_batches", self.random_batches, allow_none=True)
@@ -132,6 +156,24 @@ class DatasetOptions:
         _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
         _positive_int("block_rows", self.block_rows)
         self.remote  # noqa: B018 (validates storage_options, cache_dir, cache_limit)
+        for name in ("start_time", "end_time"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise TypeError(f"{name} should be an integer timestamp or None, got {value!r}")
+        if (
+            self.start_time is not None
+            and self.end_time is not None
+            and self.start_time > self.end_time
+        ):
+            raise ValueError(
+                f"start_time must not be after end_time; got start_time={self.start_time}, "
+                f"end_time={self.end_time}"
+            )
+        _positive_int("max_open_files", self.max_open_files)
+        if not isinstance(self.index_cache, (bool, str)):
+            raise TypeError(
+                f"index_cache should be True, False or a directory path, got {self.index_cache!r}"
+            )
         if self.random_batches is not None and self.shuffle:
             raise ValueError(
                 "random_batches draws random windows already; shuffle=True cannot "
@@ -142,6 +184,13 @@ class DatasetOptions:
     def remote(self) -> RemoteOptions:
         """The settings of URL sources, validated."""
         return RemoteOptions(self.storage_options, self.cache_dir, self.cache_limit)
+
+    @property
+    def index_dir(self) -> str | None:
+        """Directory of the timeline-index cache, or ``None`` when disabled."""
+        if self.index_cache is True:
+            return default_index_dir()
+        return self.index_cache or None
 
     def replace(self, **changes) -> DatasetOptions:
         """Return a copy with ``changes`` applied and validated."""

@@ -1,13 +1,18 @@
 """BatchReader: reads rows ``[start_row, stop_row)`` of every selected column into one array.
 
-Per process, readers open lazily (Note: readers live in the process that uses them) and stay
-open until :meth:`BatchReader.close`; each read group (one device of one file) is prepared once
-with ``prepare_series`` and read with one native ``query_prepared_multi`` call per block.
+Parts, one job each: :class:`~tsfile_torch.openfiles.OpenFiles` (open readers, an LRU bounded by
+``max_open_files``), :mod:`~tsfile_torch.timeline` (row -> time index, so every read is a time
+range: Note: reads by time range), :class:`~tsfile_torch.blockcache.BlockCache` (decoded blocks),
+and this module: which groups a row range touches, decoding, and assembling the output.
 
-Blocks (Note: block cache): a group is decoded ``block_rows`` rows at a time and the decoded
-block is kept in a bounded LRU cache of ``cache_bytes``, so consecutive batches and overlapping
-random windows do not decode the same pages again. :meth:`BatchReader.clear_cache` drops the
-decoded values and keeps the readers (a streaming epoch starts that way).
+Blocks (Note: block cache): a group (one device of one file) is decoded ``block_rows`` rows at a
+time and kept in a byte-bounded LRU cache, so consecutive batches do not decode the same pages
+again. Blocks are clipped to the rows this reader serves (:meth:`BatchReader.set_range`: a
+DataLoader worker's share), so no worker decodes another's rows. When the cache cannot hold two
+blocks of every group a batch touches, blocks shrink to fit (:attr:`BatchReader.block_rows`).
+Random access (``random_access=True``) to a group longer than one block reads exactly the rows
+asked for instead of whole blocks. :meth:`BatchReader.clear_cache` drops the decoded values and
+keeps the readers (a streaming epoch starts that way).
 """
 
 from __future__ import annotations
@@ -15,82 +20,86 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from collections import OrderedDict
-from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .backend import open_reader
+from .blockcache import Block, BlockCache
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
-from .remote import local_source
+from .native import query, query_times
+from .openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles, tune_malloc
+from .timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
 
-__all__ = ["BatchReader", "DEFAULT_BLOCK_ROWS", "default_cache_bytes", "tune_malloc"]
+__all__ = [
+    "BatchReader",
+    "DEFAULT_BLOCK_ROWS",
+    "DEFAULT_CACHE_CAP",
+    "cache_cap",
+    "default_cache_bytes",
+    "tune_malloc",
+]
 
 logger = logging.getLogger(__name__)
 
 #: Rows decoded per native call and per cache entry. Measured on the reference workload: one
-#: 131,072-row query per file decodes in 0.10 s per epoch, two 65,536-row queries in 0.17 s
-#: (a block edge inside a 10,000-point page decodes that page twice, and offsets skip pages).
+#: 131,072-row query per file decodes in 0.10 s per epoch, two 65,536-row queries in 0.17 s.
 DEFAULT_BLOCK_ROWS = 131072
+#: Upper bound of the default streaming cache, whatever the number of columns.
+DEFAULT_CACHE_CAP = 1 << 30
 _MIN_CACHE_BYTES = 64 << 20
 
 
-def default_cache_bytes(catalog: Catalog, itemsize: int, block_rows: int) -> int:
-    """Return the default block-cache budget: two blocks of every group, at least 64 MiB.
+def cache_cap() -> int:
+    """Return the default cache's absolute cap: 1 GiB or a quarter of RAM, whichever is smaller."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return DEFAULT_CACHE_CAP
+    return min(DEFAULT_CACHE_CAP, ram // 4)
 
-    One block of every group is ``block_rows * (num_columns * itemsize + 8 * num_groups)``
-    bytes (values plus timestamps); two let a batch that straddles a block boundary be served
-    without decoding either block twice.
+
+def default_cache_bytes(catalog: Catalog, itemsize: int, block_rows: int) -> int:
+    """Return the default block-cache budget.
+
+    Two blocks of every group (values plus timestamps), at least 64 MiB, at most
+    :func:`cache_cap`. Two let a batch that straddles a block boundary be served without
+    decoding either block twice.
     """
     one = block_rows * (len(catalog.columns) * itemsize + 8 * len(catalog.groups))
-    return max(_MIN_CACHE_BYTES, 2 * one)
+    return min(max(_MIN_CACHE_BYTES, 2 * one), cache_cap())
 
 
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-_TUNED_PID: int | None = None
+class _Segments:
+    """Which groups cover which rows: per-batch work grows with the groups a batch touches only."""
 
+    def __init__(self, groups: tuple[ReadGroup, ...], ref_groups: set[int]):
+        bounds = sorted({g.start_row for g in groups} | {g.stop_row for g in groups})
+        self.bounds = np.asarray(bounds, dtype=np.int64)
+        members: list[list[int]] = [[] for _ in range(max(len(bounds) - 1, 0))]
+        for gi, g in enumerate(groups):
+            lo = int(np.searchsorted(self.bounds, g.start_row))
+            hi = int(np.searchsorted(self.bounds, g.stop_row))
+            for s in range(lo, hi):
+                members[s].append(gi)
+        order = lambda gi: (gi not in ref_groups, gi)  # noqa: E731 - timestamps first
+        self.members = [sorted(m, key=order) for m in members]
+        self._order = order
 
-def tune_malloc() -> bool:
-    """Keep glibc from returning decode buffers to the OS between queries (once per process).
-
-    tsfile decodes into freshly allocated native buffers; with glibc's defaults, buffers over
-    the dynamic mmap threshold are unmapped on free and page-faulted in again on the next query.
-    ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` (what the
-    ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables do) took a
-    streaming epoch of the reference workload from 0.17 s to 0.10 s here. The cost: up to 1 GiB
-    of freed heap may stay in the process instead of going back to the OS.
-
-    Returns:
-        True if applied (glibc), False where mallopt is unavailable.
-    """
-    global _TUNED_PID
-    if _TUNED_PID == os.getpid():
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1
-        ok = libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
-    except (OSError, AttributeError):
-        return False
-    if ok:
-        _TUNED_PID = os.getpid()
-        logger.debug("glibc malloc tuned for tsfile decoding (pid %d)", _TUNED_PID)
-    return ok
-
-
-@dataclass
-class _Block:
-    times: np.ndarray  # int64 (n,)
-    values: np.ndarray  # (k, n) in the output dtype
+    def groups(self, start_row: int, stop_row: int) -> list[int]:
+        """Return the groups holding rows of ``[start_row, stop_row)``, timestamp groups first."""
+        lo = int(np.searchsorted(self.bounds, start_row, side="right")) - 1
+        hi = min(int(np.searchsorted(self.bounds, stop_row, side="left")), len(self.members))
+        if hi - lo == 1:
+            return self.members[lo]
+        seen = {gi for s in range(max(lo, 0), hi) for gi in self.members[s]}
+        return sorted(seen, key=self._order)
 
     @property
-    def nbytes(self) -> int:
-        return self.times.nbytes + self.values.nbytes
+    def widest(self) -> int:
+        """Most groups over any one row."""
+        return max((len(m) for m in self.members), default=0)
 
 
 class BatchReader:
@@ -100,9 +109,16 @@ class BatchReader:
         catalog: what to read.
         read_backend: ``"auto"``, ``"mmap"`` or ``"pread"``, captured when each reader opens.
         dtype: numpy dtype of the output (float32 or float64).
-        block_rows: rows decoded per native call.
+        block_rows: rows decoded per native call (lowered when two blocks of every group a
+            batch touches would not fit ``cache_bytes``).
         cache_bytes: budget of the decoded-block cache; ``None`` for
             :func:`default_cache_bytes`, ``0`` to decode exactly the rows asked for.
+        malloc_tuning: apply :func:`tune_malloc` before the first open.
+        decode_threads: groups decoded at once (tsfile's native read releases the GIL).
+        max_open_files: readers open at once in this process.
+        index_dir: directory caching timeline indexes across processes and runs (``None``:
+            kept in memory only).
+        index_stride: rows between two timeline index entries.
     """
 
     def __init__(
@@ -114,42 +130,43 @@ class BatchReader:
         cache_bytes: int | None = None,
         malloc_tuning: bool = True,
         decode_threads: int = 1,
+        max_open_files: int = DEFAULT_MAX_OPEN_FILES,
+        index_dir: str | None = None,
+        index_stride: int = DEFAULT_INDEX_STRIDE,
     ):
         self.catalog = catalog
-        self.malloc_tuning = malloc_tuning
-        self.decode_threads = decode_threads
-        self._pool = None
-        self._lock = threading.Lock()  # spare buffers and counters, shared with decode threads
         self.read_backend = read_backend
         self.dtype = np.dtype(dtype)
-        self.block_rows = block_rows
-        self.cache_bytes = (
-            default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
-            if cache_bytes is None
-            else cache_bytes
-        )
-        self.pid = os.getpid()
-        #: Native opens done by this reader (a test of reuse across epochs reads it).
-        self.open_count = 0
+        self.decode_threads = decode_threads
+        self.index_dir = index_dir
+        self.index_stride = index_stride
+        self.files = OpenFiles(catalog.files, read_backend, max_open_files, malloc_tuning)
+        self._lock = threading.Lock()  # counters, shared with decode threads
+        self._pool = None
+        if cache_bytes is None:
+            cache_bytes = default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
+        self.cache = BlockCache(cache_bytes, self.dtype)
+        self._ref_groups = {i for i, g in enumerate(catalog.groups) if 0 in g.columns}
+        self._segments = _Segments(catalog.groups, self._ref_groups)
+        #: Rows per decoded block actually used (see the module notes).
+        self.block_rows = self._fit_block_rows(block_rows)
+        self._clip = (0, catalog.num_rows)
+        self._indexes: dict[int, TimeIndex] = {}
         #: Rows decoded by native queries, summed over groups (what caches save).
         self.decoded_rows = 0
-        #: File index -> backend the open reader really uses ("mmap" or "pread").
-        self.backends: dict[int, str] = {}
-        self._readers: dict[int, object] = {}
-        self._prepared: dict[int, list] = {}
-        self._cache: OrderedDict[tuple[int, int], _Block] = OrderedDict()
-        self._cached_bytes = 0
-        # Note: recycled buffers. Blocks dropped from the cache keep their memory here and are
-        # refilled by the next decode of the same shape: fresh arrays would page-fault every
-        # epoch (measured: ~140k minor faults per streaming epoch of the reference workload).
-        self._spare: dict[tuple[int, int], list[_Block]] = {}
         self._matrix: np.ndarray | None = None
         self._matrix_times: np.ndarray | None = None
         self._filled: np.ndarray | None = None
-        self._ref_groups = {i for i, g in enumerate(catalog.groups) if 0 in g.columns}
-        self._read_order = sorted(
-            range(len(catalog.groups)), key=lambda i: i not in self._ref_groups
-        )
+
+    def _fit_block_rows(self, block_rows: int) -> int:
+        if not self.cache.capacity:
+            return block_rows
+        row_bytes = len(self.catalog.columns) * self.dtype.itemsize + 8 * self._segments.widest
+        fit = self.cache.capacity // (2 * max(row_bytes, 1))
+        if fit >= block_rows:
+            return block_rows
+        stride = self.index_stride
+        return max(stride, fit // stride * stride)
 
     # -- lifetime -------------------------------------------------------------------------
     def __getstate__(self):
@@ -159,53 +176,55 @@ class BatchReader:
         )
 
     @property
+    def pid(self) -> int:
+        return self.files.pid
+
+    @property
     def num_open(self) -> int:
-        return len(self._readers)
+        """Readers open now."""
+        return len(self.files)
+
+    @property
+    def open_count(self) -> int:
+        """Native opens done by this reader (reopens after an LRU eviction included)."""
+        return self.files.open_count
+
+    @property
+    def backends(self) -> dict[int, str]:
+        """File index -> backend its open reader really uses (``"mmap"`` or ``"pread"``)."""
+        return self.files.backends()
+
+    @property
+    def cache_bytes(self) -> int:
+        return self.cache.capacity
 
     @property
     def cached_bytes(self) -> int:
-        return self._cached_bytes
+        return self.cache.nbytes
 
     def close(self) -> None:
-        """Close every reader and drop decoded blocks."""
+        """Close every reader and drop decoded blocks (timeline indexes are kept)."""
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
-        self._prepared.clear()
-        for reader in self._readers.values():
-            try:
-                reader.close()
-            except Exception:  # noqa: BLE001 - closing is best effort
-                logger.debug("closing a reader failed", exc_info=True)
-        self._readers.clear()
-        self.backends.clear()
-        self.clear_cache()
-        self._spare.clear()
+        self.files.close()
+        self.cache.clear(drop_buffers=True)
         self._matrix = self._matrix_times = self._filled = None
-
-    def set_block_rows(self, block_rows: int) -> None:
-        """Change the block size; drops cached blocks if it changes."""
-        if block_rows != self.block_rows:
-            self.clear_cache()
-            self._spare.clear()
-            self.block_rows = block_rows
 
     def clear_cache(self) -> None:
         """Drop decoded values (their buffers are kept for reuse); readers stay open."""
-        for block in self._cache.values():
-            self._recycle(block)
-        self._cache.clear()
-        self._cached_bytes = 0
+        self.cache.clear()
 
-    def _recycle(self, block: _Block) -> None:
-        self._spare.setdefault(block.values.shape, []).append(block)
+    def set_range(self, start_row: int, stop_row: int) -> None:
+        """Serve only rows ``[start_row, stop_row)`` from now on: blocks are clipped to them.
 
-    def _buffers(self, k: int, n: int) -> _Block:
-        with self._lock:
-            spare = self._spare.get((k, n))
-            if spare:
-                return spare.pop()
-        return _Block(np.empty(n, dtype=np.int64), np.empty((k, n), dtype=self.dtype))
+        A DataLoader worker calls this with its share of rows, so the blocks it decodes never
+        hold another worker's rows. Drops cached blocks if the range changes.
+        """
+        clip = (max(0, start_row), min(stop_row, self.catalog.num_rows))
+        if clip != self._clip:
+            self.cache.clear()
+            self._clip = clip
 
     def check_unchanged(self) -> None:
         """Raise if a source file's size or mtime differs from when the catalog was built.
@@ -229,108 +248,84 @@ class BatchReader:
                     f"not be modified while a dataset reads them: rebuild the dataset"
                 )
 
-    def _reader(self, file_index: int):
-        if self.pid != os.getpid():
-            raise RuntimeError(
-                "BatchReader used in a process other than the one that created "
-                "it; create a new BatchReader per process"
-            )
-        reader = self._readers.get(file_index)
-        if reader is None:
-            if self.malloc_tuning:
-                tune_malloc()
-            info = self.catalog.files[file_index]
-            source = local_source(info.source)  # a URL: its local copy (Note: remote sources)
-            if not isinstance(source, str):
-                source.seek(0)
-            reader, actual = open_reader(source, self.read_backend)
-            self.open_count += 1
-            self._readers[file_index] = reader
-            self.backends[file_index] = actual
-            logger.debug("opened %s with backend %s (pid %d)", info.name, actual, self.pid)
-        return reader
-
-    def _handles(self, group_index: int) -> list:
-        handles = self._prepared.get(group_index)
-        if handles is None:
+    # -- decoding -------------------------------------------------------------------------
+    def _index(self, group_index: int) -> TimeIndex:
+        index = self._indexes.get(group_index)
+        if index is None:
             group = self.catalog.groups[group_index]
             info = self.catalog.files[group.file_index]
-            reader = self._reader(group.file_index)
-            handles, owner = [], None
-            for shard in group.shards:
-                locator = (
-                    0,
-                    group.file_index,
-                    info.nbytes,
-                    0,
-                    shard.meta_index,
-                    int(shard.aligned),
-                    0,
-                    shard.value_offset,
-                    shard.value_length,
-                    shard.time_offset,
-                    shard.time_length,
-                )
-                try:
-                    handle = reader.prepare_series(locator, time_owner=owner, trust_index=True)
-                except Exception as err:
-                    raise TsFileFormatError(
-                        f"{info.name}: cannot prepare series {shard.measurement!r} of device "
-                        f"{'.'.join(map(str, shard.device))} ({type(err).__name__}: {err})"
-                    ) from err
-                if group.aligned and owner is None:
-                    owner = handle
-                handles.append(handle)
-            self._prepared[group_index] = handles
-        return handles
 
-    # -- decoding -------------------------------------------------------------------------
-    def _decode(self, group_index: int, start: int, num_rows: int) -> _Block:
-        """Decode local rows [start, start + num_rows) of one group."""
+            def fetch(t0: int, t1: int) -> np.ndarray:
+                reader, handles = self.files.handles(group_index, group)  # may have been closed
+                return query_times(reader, handles[0], group.aligned, t0, t1)
+
+            index = open_index(fetch, info, group, self.index_stride, self.index_dir)
+            self._indexes[group_index] = index
+        return index
+
+    def _span(self, group_index: int, start: int, stop: int) -> tuple[int, int, int]:
         group = self.catalog.groups[group_index]
-        reader = self._reader(group.file_index)
-        handles = self._handles(group_index)
-        out = self._buffers(len(handles), num_rows)  # no spares without a cache: a new block
+        if start == 0 and stop == group.num_rows:
+            return group.start_time, group.end_time, 0
+        index = self._index(group_index)
+        was_complete = index.complete
+        span = index.time_range(start, stop)
+        if self.index_dir and index.complete and not was_complete:
+            info = self.catalog.files[group.file_index]
+            save_index(index, info, group, self.index_dir)
+        return span
+
+    def _plan(self, group_index: int, start: int, stop: int):
+        """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread)."""
+        group = self.catalog.groups[group_index]
+        span = self._span(group_index, start, stop)
+        reader, handles = self.files.handles(group_index, group)
+        return group, reader, handles, span, stop - start
+
+    def _decode(self, plan) -> Block:
+        """Decode one planned range of one group into a block of exactly its rows."""
+        group, reader, handles, (start_time, end_time, skip), num_rows = plan
+        out = self.cache.buffers(len(handles), num_rows)
         times, values = out.times, out.values
-        pos = 0
+        want = skip + num_rows
         try:
-            if group.aligned:
-                results = iter([reader.query_prepared_multi(handles, offset=start, limit=num_rows)])
-            else:  # one query per series, opened one at a time
-                results = (reader.query_prepared(h, offset=start, limit=num_rows) for h in handles)
+            results = query(reader, handles, group.aligned, start_time, end_time)
             for k0, result in enumerate(results):
                 pos = 0
                 with result:
-                    while (batch := result.read_arrow_record_batch()) is not None:
-                        n = batch.num_rows
-                        if pos + n > num_rows:
-                            raise TsFileFormatError(self._lost(group, start, num_rows, pos + n))
-                        if k0 == 0:
-                            times[pos : pos + n] = batch.column(0).to_numpy(zero_copy_only=False)
-                        elif not np.array_equal(times[pos : pos + n], batch.column(0).to_numpy()):
-                            raise SchemaError(
-                                self._misaligned(group, group.start_row + start + pos)
-                            )
-                        for k in range(1, batch.num_columns):
-                            values[k0 + k - 1, pos : pos + n] = _as_float(batch.column(k))
-                        pos += n
-                if pos != num_rows:
-                    raise TsFileFormatError(self._lost(group, start, num_rows, pos))
+                    while pos < want and (batch := result.read_arrow_record_batch()) is not None:
+                        a, b = max(pos, skip), min(pos + batch.num_rows, want)
+                        if a < b:
+                            part = batch.slice(a - pos, b - a)
+                            o = a - skip
+                            stamps = part.column(0).to_numpy(zero_copy_only=False)
+                            if k0 == 0:
+                                times[o : o + b - a] = stamps
+                            elif not np.array_equal(times[o : o + b - a], stamps):
+                                raise SchemaError(self._misaligned(group, group.start_row + o))
+                            for k in range(1, part.num_columns):
+                                values[k0 + k - 1, o : o + b - a] = _as_float(part.column(k))
+                        pos += batch.num_rows
+                if pos < want:
+                    raise TsFileFormatError(self._lost(group, start_time, num_rows, pos - skip))
             with self._lock:
                 self.decoded_rows += num_rows
         except (TsFileFormatError, SchemaError):
+            self.cache.recycle(out)
             raise
         except Exception as err:
             info = self.catalog.files[group.file_index]
             raise TsFileFormatError(
-                f"{info.name}: reading rows [{start}, {start + num_rows}) of device "
-                f"{'.'.join(map(str, group.device))} failed ({type(err).__name__}: {err}); the "
-                f"file may be damaged or changed while in use"
+                f"{info.name}: reading device {'.'.join(map(str, group.device))} in time range "
+                f"[{start_time}, {end_time}] failed ({type(err).__name__}: {err}); the file may be "
+                f"damaged or changed while in use"
             ) from err
         return out
 
     def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Read group-local rows ``[start, stop)`` of one read group (one device of one file).
+
+        Cost ~ the rows read, wherever they sit in the file (a time-range query).
 
         Returns:
             ``(times, values)``: int64 ``(n,)`` timestamps and ``(len(group.columns), n)`` values
@@ -342,15 +337,15 @@ class BatchReader:
             raise ValueError(
                 f"rows [{start}, {stop}) are outside group {group_index}'s {group.num_rows} rows"
             )
-        block = self._decode(group_index, start, stop - start)
+        block = self._decode(self._plan(group_index, start, stop))
         return block.times, block.values
 
-    def _lost(self, group: ReadGroup, start: int, num_rows: int, got: int) -> str:
+    def _lost(self, group: ReadGroup, start_time: int, num_rows: int, got: int) -> str:
         info = self.catalog.files[group.file_index]
         return (
-            f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows for "
-            f"rows [{start}, {start + num_rows}), expected {num_rows}; metadata and data "
-            f"disagree (damaged or changed file)"
+            f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows from "
+            f"time {start_time}, expected {num_rows}; metadata and data disagree (damaged or "
+            f"changed file)"
         )
 
     def _misaligned(self, group: ReadGroup, row: int, ref_time=None, time=None) -> str:
@@ -364,93 +359,80 @@ class BatchReader:
             f"timestamps (time-aligned joins are not supported yet)"
         )
 
-    def _block(self, group_index: int, block: int) -> _Block:
-        key = (group_index, block)
-        hit = self._cache.get(key)
-        if hit is not None:
-            self._cache.move_to_end(key)
-            return hit
-        data = self._decode_block(group_index, block)
-        self._store(key, data)
-        return data
+    # -- blocks -----------------------------------------------------------------------------
+    def _block_rows_of(self, group: ReadGroup, block: int) -> tuple[int, int]:
+        """Return local rows ``[lo, hi)`` of block ``block`` of ``group``, clipped to the range."""
+        lo = max(block * self.block_rows, self._clip[0] - group.start_row, 0)
+        hi = min((block + 1) * self.block_rows, self._clip[1] - group.start_row, group.num_rows)
+        return lo, hi
 
-    def _decode_block(self, group_index: int, block: int) -> _Block:
+    def _pieces(self, group_index: int, start_row: int, stop_row: int, random_access: bool):
+        """Yield (out_start, block_start, block_stop, block) covering the group's rows."""
         group = self.catalog.groups[group_index]
-        start = block * self.block_rows
-        return self._decode(group_index, start, min(self.block_rows, group.num_rows - start))
+        local_lo = max(start_row, group.start_row) - group.start_row
+        local_hi = min(stop_row, group.stop_row) - group.start_row
+        if local_lo >= local_hi:
+            return
+        exact = not self.cache.capacity or (random_access and group.num_rows > self.block_rows)
+        if exact:
+            block = self._decode(self._plan(group_index, local_lo, local_hi))
+            yield group.start_row + local_lo - start_row, 0, local_hi - local_lo, block
+            self.cache.recycle(block)
+            return
+        for b in range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1):
+            need_lo = max(local_lo, b * self.block_rows)
+            need_hi = min(local_hi, (b + 1) * self.block_rows)
+            lo, hi = self._block_rows_of(group, b)
+            key = (group_index, b)
+            data = self.cache.get(key)
+            if data is None:
+                if need_lo < lo or need_hi > hi:  # rows outside set_range: read exactly, keep none
+                    data = self._decode(self._plan(group_index, need_lo, need_hi))
+                    yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data
+                    self.cache.recycle(data)
+                    continue
+                data = self._decode(self._plan(group_index, lo, hi))
+                self.cache.put(key, data)
+            yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data
 
-    def _store(self, key: tuple[int, int], data: _Block) -> None:
-        if data.nbytes <= self.cache_bytes:
-            self._cache[key] = data
-            self._cached_bytes += data.nbytes
-            while self._cached_bytes > self.cache_bytes:
-                _, old = self._cache.popitem(last=False)
-                self._cached_bytes -= old.nbytes
-                self._recycle(old)
-
-    def _local_rows(self, group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:
-        """Return group-local rows ``[lo, hi)`` of ``[start_row, stop_row)``; none if lo >= hi."""
-        return (
-            max(start_row, group.start_row) - group.start_row,
-            min(stop_row, group.stop_row) - group.start_row,
-        )
-
-    def _blocks(self, local_lo: int, local_hi: int) -> range:
-        """Return the block numbers covering group-local rows ``[local_lo, local_hi)``."""
-        return range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1)
-
-    def _prefetch(self, start_row: int, stop_row: int) -> None:
+    def _prefetch(self, start_row: int, stop_row: int, groups: list[int]) -> None:
         """Decode the missing blocks of ``[start_row, stop_row)`` on ``decode_threads`` threads.
 
-        tsfile's native read releases the GIL, so groups decode in parallel. Skipped when the
-        blocks would not all fit the cache: they would be evicted and decoded again.
+        Readers are opened and indexes built here, in the calling thread; the threads only
+        decode. Skipped when the blocks would not all fit the cache (they would be decoded
+        again) or when they span more files than may be open at once.
         """
-        missing, nbytes = [], 0
-        for gi, group in enumerate(self.catalog.groups):
-            lo, hi = self._local_rows(group, start_row, stop_row)
-            if lo >= hi:
-                continue
-            for b in self._blocks(lo, hi):
-                if (gi, b) not in self._cache:
-                    missing.append((gi, b))
-                    rows = min(self.block_rows, group.num_rows - b * self.block_rows)
-                    nbytes += rows * (len(group.columns) * self.dtype.itemsize + 8)
-        if len(missing) < 2 or nbytes > self.cache_bytes:
+        missing, nbytes, files = [], 0, set()
+        for gi in groups:
+            group = self.catalog.groups[gi]
+            lo = max(start_row, group.start_row) - group.start_row
+            hi = min(stop_row, group.stop_row) - group.start_row
+            for b in range(lo // self.block_rows, (hi - 1) // self.block_rows + 1):
+                if (gi, b) not in self.cache:
+                    blo, bhi = self._block_rows_of(group, b)
+                    if blo > lo or bhi < min(hi, (b + 1) * self.block_rows):
+                        return  # rows outside the clip: let the serial path handle them
+                    missing.append(((gi, b), gi, blo, bhi))
+                    nbytes += (bhi - blo) * (len(group.columns) * self.dtype.itemsize + 8)
+                    files.add(group.file_index)
+        too_many_files = len(files) > self.files.max_open_files
+        if len(missing) < 2 or nbytes > self.cache.capacity or too_many_files:
             return
+        plans = [(key, self._plan(gi, lo, hi)) for key, gi, lo, hi in missing]
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="tsfile-decode")
-        for gi in {gi for gi, _ in missing}:  # open readers and prepare handles first, in order
-            self._handles(gi)
-        decoded = list(self._pool.map(lambda key: (key, self._decode_block(*key)), missing))
-        for key, data in decoded:
-            self._store(key, data)
+        for key, data in self._pool.map(lambda kp: (kp[0], self._decode(kp[1])), plans):
+            self.cache.put(key, data)
 
-    def _pieces(self, group_index: int, start_row: int, stop_row: int):
-        """Yield (out_start, local_start, local_stop, block) covering the group's rows."""
-        group = self.catalog.groups[group_index]
-        local_lo, local_hi = self._local_rows(group, start_row, stop_row)
-        if local_lo >= local_hi:
-            return
-        if self.cache_bytes == 0:
-            yield (
-                group.start_row + local_lo - start_row,
-                0,
-                local_hi - local_lo,
-                self._decode(group_index, local_lo, local_hi - local_lo),
-            )
-            return
-        for block in self._blocks(local_lo, local_hi):
-            b0 = block * self.block_rows
-            a, b = max(local_lo, b0), min(local_hi, b0 + self.block_rows)
-            yield group.start_row + a - start_row, a - b0, b - b0, self._block(group_index, block)
-
+    # -- assembly ---------------------------------------------------------------------------
     def read(
         self,
         start_row: int,
         stop_row: int,
         out: np.ndarray | None = None,
+        random_access: bool = False,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Read rows ``[start_row, stop_row)`` of every column.
 
@@ -458,6 +440,8 @@ class BatchReader:
             start_row: first row, ``0 <= start_row < stop_row <= catalog.num_rows``.
             stop_row: one past the last row.
             out: optional C-contiguous ``(stop_row - start_row, num_columns)`` array to fill.
+            random_access: the caller jumps around (random windows): groups longer than one
+                block are read exactly, not by whole blocks.
 
         Returns:
             ``(values, timestamps)``: values ``(rows, columns)`` in ``dtype``, nulls as NaN;
@@ -486,14 +470,15 @@ class BatchReader:
             np.copyto(out, self._matrix[start_row:stop_row])
             return out, self._matrix_times[start_row:stop_row].copy()
         times = np.empty(n, dtype=np.int64)
-        if self.decode_threads > 1 and self.cache_bytes:
-            self._prefetch(start_row, stop_row)
-        for gi in self._read_order:
+        groups = self._segments.groups(start_row, stop_row)
+        if self.decode_threads > 1 and self.cache.capacity and not random_access:
+            self._prefetch(start_row, stop_row, groups)
+        for gi in groups:
             group = self.catalog.groups[gi]
             cols = group.columns
             contiguous = cols == tuple(range(cols[0], cols[0] + len(cols)))
             target = slice(cols[0], cols[0] + len(cols)) if contiguous else list(cols)
-            for o, a, b, block in self._pieces(gi, start_row, stop_row):
+            for o, a, b, block in self._pieces(gi, start_row, stop_row, random_access):
                 m = b - a
                 if gi in self._ref_groups:
                     times[o : o + m] = block.times[a:b]

@@ -63,6 +63,7 @@ __all__ = [
     "expand_url",
     "file_url_path",
     "is_url",
+    "local_path",
     "local_source",
     "open_metadata",
 ]
@@ -442,6 +443,11 @@ def fetch(remote: RemoteFile) -> str:
     with contextlib.suppress(OSError):
         _drop_old_versions(remote)
     return target
+
+
+def local_path(source):
+    """Return ``source`` itself, or for a :class:`RemoteFile` where its local copy lives."""
+    return source.cache_path if isinstance(source, RemoteFile) else source
 
 
 def local_source(source):

@@ -13,6 +13,20 @@ Sharding rules:
   epoch and only those, so no two workers decode the same pages and each worker's block cache
   stays warm. The DataLoader interleaves the workers' outputs: with ``num_workers > 1`` and
   ``shuffle=False`` batches are in row order within each worker's range, not globally.
+
+Note: epoch word. Every pass over a dataset is the next epoch unless ``set_epoch`` named one.
+The epoch lives in one 64-bit word of shared memory created with the dataset (the main process
+owns it; fork, forkserver and spawn workers all map it): the epoch of the latest pass, whether
+``set_epoch`` wrote it since (then the next pass takes it as is), and the key of the pass that
+claimed it. A pass run by DataLoader workers is keyed by the loader's base seed (drawn afresh in
+the main process for every new iterator) and the number of passes the worker's copy of the
+dataset has made (what tells persistent workers' passes apart). Worker 0 claims the pass and
+writes the word; the other workers compute the same epoch from the word they read without
+waiting, before or after that write (:func:`claim_epoch`). With ``num_workers=0`` the main
+process claims each pass itself. One word means one reading store and one writing store, so no
+lock is needed. Limits: one loader at a time over one dataset object, and a loader whose base
+seed repeats exactly (the global torch RNG reseeded identically before every pass) should call
+``set_epoch``.
 """
 
 from __future__ import annotations
@@ -27,7 +41,16 @@ __all__ = [
     "num_batches",
     "worker_row_range",
     "shard_by_rows",
+    "pack_epoch_word",
+    "unpack_epoch_word",
+    "claim_epoch",
+    "pass_key",
+    "MAX_EPOCH",
 ]
+
+#: Largest epoch the epoch word holds (see Note: epoch word).
+MAX_EPOCH = (1 << 30) - 2
+_KEY_MASK = (1 << 32) - 1
 
 
 def num_batches(num_rows: int, batch_size: int, drop_last: bool) -> int:
@@ -92,3 +115,32 @@ def worker_row_range(
 def shard_by_rows(starts: np.ndarray, start_row: int, stop_row: int) -> np.ndarray:
     """Return the items (first rows) that start inside ``[start_row, stop_row)``, order kept."""
     return starts[(starts >= start_row) & (starts < stop_row)]
+
+
+def pack_epoch_word(epoch: int, explicit: bool, key: int) -> int:
+    """Return the epoch word: ``epoch`` (-1: no pass yet), set by ``set_epoch``, pass ``key``."""
+    return ((epoch + 1) << 33) | (int(explicit) << 32) | (key & _KEY_MASK)
+
+
+def unpack_epoch_word(word: int) -> tuple[int, bool, int]:
+    """Return ``(epoch, explicit, key)`` of an epoch word."""
+    return (word >> 33) - 1, bool((word >> 32) & 1), word & _KEY_MASK
+
+
+def claim_epoch(word: int, key: int) -> tuple[int, int]:
+    """Return the epoch of the pass ``key`` and the word once that pass has claimed it.
+
+    ``key`` 0 is a pass of the main process, always new. Otherwise a word already holding
+    ``key`` means this pass claimed it already; any other word is the state before the claim.
+    """
+    epoch, explicit, last_key = unpack_epoch_word(word)
+    if key and key == last_key:
+        return epoch, word
+    epoch = epoch if explicit else epoch + 1
+    return epoch, pack_epoch_word(epoch, False, key)
+
+
+def pass_key(base_seed: int, passes: int) -> int:
+    """Return the non-zero 32-bit key of a DataLoader pass (see Note: epoch word)."""
+    mixed = np.random.SeedSequence([base_seed % (1 << 64), passes]).generate_state(1)[0]
+    return int(mixed) or 1
