@@ -302,3 +302,23 @@ def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path):
     np.testing.assert_array_equal(ds[3].numpy(), expected.astype(np.float32))  # rows 1500..1999
     assert s3_server.object_gets(name, "day0_000.tsfile") == built["day0_000.tsfile"]
     assert s3_server.object_gets(name, "day1_000.tsfile") == built["day1_000.tsfile"] + 1
+
+
+def test_reopened_readers_and_time_ranges_use_the_local_copies(
+    s3_server, bucket, small_expected, tmp_path
+):
+    ds = TsFileDataset(
+        f"s3://{bucket}/data/",
+        batch_size=1000,
+        start_time=100,  # cuts every shard: counting its rows reads timestamps at build time
+        end_time=2099,
+        max_open_files=1,  # every file switch closes a reader and opens another
+        storage_options=s3_server.storage_options,
+        cache_dir=tmp_path / "cache",
+    )
+    want = small_expected[100:2100].astype(np.float32)
+    np.testing.assert_array_equal(torch.cat([ds[0], ds[1]]).numpy(), want)
+    before = len(s3_server.requests)
+    np.testing.assert_array_equal(torch.cat([ds[1], ds[0]]).numpy()[1000:], want[:1000])
+    assert len(s3_server.requests) == before  # reopening found the copies: no request
+    assert s3_server.object_gets(bucket) <= 3 * 2 + 3  # metadata, then one download per file
