@@ -322,3 +322,19 @@ def test_reopened_readers_and_time_ranges_use_the_local_copies(
     np.testing.assert_array_equal(torch.cat([ds[1], ds[0]]).numpy()[1000:], want[:1000])
     assert len(s3_server.requests) == before  # reopening found the copies: no request
     assert s3_server.object_gets(bucket) <= 3 * 2 + 3  # metadata, then one download per file
+
+
+def test_an_object_deleted_after_the_build_is_an_error_naming_it_at_first_read(
+    s3_server, bucket, tmp_path
+):
+    ds = TsFileDataset(
+        f"s3://{bucket}/data/",
+        batch_size=5000,
+        storage_options=s3_server.storage_options,
+        cache_dir=tmp_path / "cache",
+    )
+    s3_server.client.delete_object(Bucket=bucket, Key="data/part001.tsfile")
+    url = f"s3://{bucket}/data/part001.tsfile"
+    with pytest.raises(RemoteError, match=rf"{re.escape(url)}: cannot fetch .*no such"):
+        ds[0]
+    assert [p.name for p in (tmp_path / "cache").iterdir() if ".part." in p.name] == []
