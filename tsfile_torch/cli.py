@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 
 from .errors import TsFileTorchError
@@ -237,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the interpreter's final flush
+        return 0
     except (TsFileTorchError, ValueError, TypeError, OSError) as err:
         print(f"tsfile-torch {args.command}: error: {err}", file=sys.stderr)
         return 2
