@@ -114,12 +114,8 @@ def test_a_changed_object_is_fetched_again(s3_server, tmp_path):
     kwargs = {"storage_options": s3_server.storage_options, "cache_dir": tmp_path / "cache"}
     first = TsFileDataset(url, batch_size=2000, **kwargs)
     assert first[0].shape == (1000, 2)
-    stale = TsFileDataset(
-        url,
-        batch_size=2000,
-        cache_dir=tmp_path / "other-cache",
-        **{"storage_options": s3_server.storage_options},
-    )
+    stale_kwargs = {**kwargs, "cache_dir": tmp_path / "other-cache"}
+    stale = TsFileDataset(url, batch_size=2000, **stale_kwargs)
 
     s3_server.upload(name, new)  # same key, new content
     gets = s3_server.object_gets(name, "part000.tsfile")
@@ -128,6 +124,9 @@ def test_a_changed_object_is_fetched_again(s3_server, tmp_path):
     np.testing.assert_array_equal(second[0].numpy(), expected.astype(np.float32))
     assert s3_server.object_gets(name, "part000.tsfile") > gets
     assert len(list((tmp_path / "cache").glob("*part000.tsfile"))) == 1  # old copy dropped
+    # the key holds the version: a same-size change (new ETag) is a new copy too
+    same_size = [remote.RemoteFile(url, 100, etag).cache_path for etag in ("a1", "b2")]
+    assert same_size[0] != same_size[1]
     # a dataset built before the change, not yet cached: an error, never new data
     with pytest.raises(RemoteError, match=rf"{re.escape(url)}: object changed since"):
         stale[0]
