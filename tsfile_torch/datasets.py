@@ -75,8 +75,13 @@ class _TsFileBase:
         self.options = options
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.catalog: Catalog = build_catalog(
-            sources, options.columns, start_time=options.start_time, end_time=options.end_time
+            sources,
+            options.columns,
+            start_time=options.start_time,
+            end_time=options.end_time,
+            remote_options=options.remote,
         )
+        _warn_inexact_integers(self.catalog, options.dtype)
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
         self._warn_if_batch_exceeds_cache()
@@ -299,6 +304,34 @@ class _TsFileBase:
             f"columns, {self.num_rows} rows, batch_size={o.batch_size}, "
             f"read_backend={o.read_backend!r}, cache={o.cache!r})"
         )
+
+
+#: Largest integer magnitude below which every integer is exact in each float dtype (2**mantissa).
+_EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
+
+
+def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
+    """Warn when metadata min / max show integer columns that ``dtype`` cannot hold exactly."""
+    limit = _EXACT_INTEGERS[dtype]
+    inexact = [
+        c.name
+        for c in catalog.columns
+        if c.dtype in ("INT32", "INT64", "TIMESTAMP")
+        and max(abs(c.min or 0), abs(c.max or 0)) > limit
+    ]
+    if not inexact:
+        return
+    shown = ", ".join(inexact[:8]) + (f" and {len(inexact) - 8} more" if len(inexact) > 8 else "")
+    hint = (
+        "pass dtype=torch.float64 (exact up to 2**53)"
+        if dtype != "float64"
+        else "their values beyond 2**53 are rounded"
+    )
+    warnings.warn(
+        f"integer columns {shown} hold values beyond {limit:,} (metadata min / max), where "
+        f"{dtype} cannot represent every integer: values will be rounded; {hint}",
+        stacklevel=4,
+    )
 
 
 def _spawning() -> bool:
