@@ -102,3 +102,21 @@ def test_read_backend_benchmark_quick_reports_every_state(tiny_dir, tmp_path):
     total = sum(p.stat().st_size for p in tiny_dir.glob("*.tsfile"))
     assert all(r["bytes"] == total for r in records)  # every scan read every byte
     assert "mmap/pread" in run.stdout
+
+
+@pytest.mark.slow
+def test_scale_benchmark_quick_run_reports_every_target(tmp_path):
+    from tsfile_torch import scale
+
+    records = scale.run_scale(str(tmp_path / "scale"), quick=True, dataframe_budget_s=10)
+    assert all("error" not in r["ours"] for r in records), records
+    table = scale.format_scale(records)
+    for needle in (
+        "epoch cost per row",
+        "first batch",
+        "random window cost",
+        "peak fds",
+        "cost per value by columns",
+        "decode floor",
+    ):
+        assert needle in table
