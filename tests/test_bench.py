@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from tsfile_torch import TsFileIterableDataset, synthetic
 from tsfile_torch.cli import main
@@ -102,3 +104,17 @@ def test_read_backend_benchmark_quick_reports_every_state(tiny_dir, tmp_path):
     total = sum(p.stat().st_size for p in tiny_dir.glob("*.tsfile"))
     assert all(r["bytes"] == total for r in records)  # every scan read every byte
     assert "mmap/pread" in run.stdout
+
+
+def test_checksum_sees_rows_and_columns_moved(tiny_dir):
+    from tsfile_torch.bench import checksum
+
+    batch = torch.cat(list(TsFileIterableDataset(tiny_dir, batch_size=3000))).numpy()[:500]
+    base = checksum(batch)
+    assert checksum(batch.copy()) == base
+    assert checksum(batch[[1, 0, *range(2, 500)]]) != base  # two rows swapped
+    assert checksum(batch[:, [1, 0, 2, 3]]) != base  # two columns swapped
+    assert checksum(np.roll(batch, 1, axis=0)) != base  # a window shifted by one row
+    other = batch.copy()
+    other[7, 2], other[9, 3] = other[9, 3], other[7, 2]  # two values traded places
+    assert checksum(other) != base
