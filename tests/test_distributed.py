@@ -66,7 +66,13 @@ def _run_ranks(world: int, data, tmp_path, context: str) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    "context", ["fork", "forkserver", pytest.param("spawn", marks=pytest.mark.slow)]
+    "context",
+    [
+        "fork",
+        # ranks x workers each import torch afresh: ~10 s and ~50 s on 2 cores (.ci/run runs them)
+        pytest.param("forkserver", marks=pytest.mark.slow),
+        pytest.param("spawn", marks=pytest.mark.slow),
+    ],
 )
 def test_two_ranks_with_two_workers_split_every_epoch(small_dir, tmp_path, context):
     per_rank = _run_ranks(2, small_dir, tmp_path, context)
@@ -81,6 +87,7 @@ def test_two_ranks_with_two_workers_split_every_epoch(small_dir, tmp_path, conte
         assert not np.array_equal(orders[0], orders[1])  # epoch 1 is a new permutation
 
 
+@pytest.mark.slow  # three spawned ranks: ~20 s on 2 cores
 def test_three_ranks_pad_to_equal_counts(small_dir, tmp_path):
     per_rank = _run_ranks(3, small_dir, tmp_path, "fork")
     firsts = [p["iterable0"][:-1] for p in per_rank]
