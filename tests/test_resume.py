@@ -121,8 +121,15 @@ def test_resume_with_non_persistent_workers(small_dir, tmp_path):
     assert following == _uninterrupted("iterable", small_dir, tmp_path, 2, 3)[2]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("kind", ["iterable", "map"])
+@pytest.mark.parametrize(
+    "kind, num_workers",
+    [
+        ("iterable", 0),
+        ("iterable", 2),
+        ("map", 0),
+        pytest.param("map", 2, marks=pytest.mark.slow),  # the sampler's state, as with 0
+    ],
+)
 def test_contract_save_at_every_position_of_an_epoch(tmp_path, kind, num_workers):
     """The torchdata contract: for every k, k batches + resumed rest == one whole epoch."""
     from tsfile_torch import synthetic
