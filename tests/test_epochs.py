@@ -89,19 +89,21 @@ def test_epoch_sampler_shuffles_by_seed_and_epoch_and_deals_ranks(small_dir):
         EpochSampler(TsFileIterableDataset(small_dir, batch_size=500))
 
 
-def test_two_pass_keys_never_collide_in_a_row():
-    keys = {sampling.pass_key(seed, p) for seed in range(50) for p in range(1, 5)}
-    assert len(keys) == 200 and 0 not in keys
+def test_consecutive_passes_of_the_same_workers_never_share_a_tag():
+    for seed in (0, 1, 2**63, -7):
+        passes = [*range(1, 500), *range(65_000, 66_000)]  # across the 16-bit wrap
+        tags = {p: sampling.pass_tag(seed, p) for p in passes}
+        assert all(tags[p] != tags[p + 1] for p in passes if p + 1 in tags)
+        assert 1 <= min(tags.values()) <= max(tags.values()) < 2**16
 
 
-def test_followers_agree_with_the_leader_before_and_after_its_claim():
-    word = sampling.pack_epoch_word(3, False, 99)
-    leader_epoch, claimed = sampling.claim_epoch(word, 123)
-    assert leader_epoch == 4
-    assert sampling.claim_epoch(word, 123)[0] == sampling.claim_epoch(claimed, 123)[0] == 4
-    explicit = sampling.pack_epoch_word(9, True, 0)
-    assert sampling.claim_epoch(explicit, 5)[0] == 9  # set_epoch(9): the next pass is 9
-    assert sampling.claim_epoch(sampling.claim_epoch(explicit, 5)[1], 6)[0] == 10
+def test_epoch_word_round_trips_and_names_the_next_epoch():
+    for fields in [(-1, False, 0, 0), (0, False, 4194303, 65535), (sampling.MAX_EPOCH, True, 7, 1)]:
+        word = sampling.pack_epoch_word(*fields)
+        assert 0 <= word < 2**63 and tuple(sampling.unpack_epoch_word(word)) == fields
+    assert sampling.next_epoch(sampling.EpochWord(-1, False, 0, 0)) == 0  # first pass
+    assert sampling.next_epoch(sampling.EpochWord(3, False, 9, 9)) == 4
+    assert sampling.next_epoch(sampling.EpochWord(9, True, 0, 0)) == 9  # set_epoch(9)
 
 
 def test_rank_is_captured_at_build_time_and_travels_in_pickles(small_dir, monkeypatch):
@@ -149,3 +151,23 @@ def test_any_integer_seed_is_taken_modulo_2_64(small_dir, rows_of, seed):
 def test_a_seed_that_is_not_an_integer_is_a_value_error(small_dir, seed):
     with pytest.raises(ValueError, match="seed should be an integer"):
         TsFileIterableDataset(small_dir, batch_size=500, seed=seed)
+
+
+def test_a_new_loader_each_pass_with_the_same_seeded_generator_still_counts_epochs(
+    small_dir, rows_of
+):
+    """Every pass's workers then get the same base seed: the pass key alone cannot tell them."""
+    import torch
+
+    ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True, seed=5)
+    passes = []
+    for _ in range(3):
+        loader = DataLoader(
+            ds,
+            batch_size=None,
+            num_workers=2,
+            generator=torch.Generator().manual_seed(0),
+            multiprocessing_context="fork",
+        )
+        passes.append([int(rows_of(b)[0]) for b in loader])
+    assert passes == [_expected_pass(ds, epoch, 2) for epoch in range(3)]
