@@ -78,7 +78,7 @@ class _TsFileBase:
         )
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
-        # the epoch word (see the note in sampling): epoch of the latest pass, set_epoch, pass key
+        # the epoch word (see the note in sampling): latest epoch, set_epoch flag, claimer
         self._epoch = sharedctypes.RawValue("q", sampling.pack_epoch_word(-1, False, 0))
         # -1: options.random_batches decides; 0: full passes; N > 0: N random windows
         self._random = sharedctypes.RawValue("q", -1)
