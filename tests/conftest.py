@@ -15,6 +15,20 @@ from tsfile_torch import synthetic
 SMALL = synthetic.DatasetSpec(num_files=3, devices_per_file=2, fields_per_device=3, num_rows=5000)
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_cache_home(tmp_path_factory):
+    """Timeline indexes go to a temporary cache home, never the user's ~/.cache."""
+    import os
+
+    old = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache-home"))
+    yield
+    if old is None:
+        os.environ.pop("XDG_CACHE_HOME", None)
+    else:
+        os.environ["XDG_CACHE_HOME"] = old
+
+
 @pytest.fixture(params=["auto", "mmap", "pread"])
 def read_backend(request) -> str:
     """Every read test runs once per backend."""
@@ -47,6 +61,82 @@ def small_expected():
 def expected_rows():
     """The function ``(spec, start, stop) -> float64 matrix`` of expected values."""
     return expected
+
+
+class S3Server:
+    """A real S3 API on loopback: moto's server app behind a WSGI layer that logs each request.
+
+    ``requests`` holds ``(method, path, query)`` of every request in arrival order, so a test
+    can count what its reads cost on the server.
+    """
+
+    def __init__(self):
+        import threading
+
+        import boto3
+        from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
+        from werkzeug.serving import make_server
+
+        app = DomainDispatcherApplication(create_backend_app)
+        self.requests: list[tuple[str, str, str]] = []
+
+        def logged(environ, start_response):
+            self.requests.append(
+                (environ["REQUEST_METHOD"], environ["PATH_INFO"], environ.get("QUERY_STRING", ""))
+            )
+            return app(environ, start_response)
+
+        self._server = make_server("127.0.0.1", 0, logged, threaded=True)
+        host, port = self._server.server_address[:2]
+        self.endpoint = f"http://{host}:{port}"
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self._thread.start()
+        self.storage_options = {
+            "key": "testing",
+            "secret": "testing",
+            "endpoint_url": self.endpoint,
+        }
+        self.client = boto3.client(
+            "s3",
+            endpoint_url=self.endpoint,
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+            region_name="us-east-1",
+        )
+
+    def object_gets(self, bucket: str, key: str | None = None) -> int:
+        """Count GET requests for objects of ``bucket`` (``key``: of that object only)."""
+        prefix = f"/{bucket}/{key}" if key else f"/{bucket}/"
+        return sum(
+            1
+            for method, path, query in self.requests
+            if method == "GET" and path.startswith(prefix) and len(path) > len(f"/{bucket}/")
+        )
+
+    def upload(self, bucket: str, directory, prefix: str = "") -> list[str]:
+        """Create ``bucket`` and put every file of ``directory``; return the keys."""
+        import pathlib
+
+        self.client.create_bucket(Bucket=bucket)
+        keys = []
+        for path in sorted(pathlib.Path(directory).iterdir()):
+            if path.is_file():
+                key = f"{prefix}{path.name}"
+                self.client.put_object(Bucket=bucket, Key=key, Body=path.read_bytes())
+                keys.append(key)
+        return keys
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._thread.join()
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """One moto S3 server on 127.0.0.1 (a free port) for the session; buckets per test."""
+    server = S3Server()
+    yield server
+    server.close()
 
 
 @pytest.fixture(scope="session")

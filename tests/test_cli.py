@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import re
 
+import pytest
+
+from tsfile_torch import SchemaError, TsFileIterableDataset, synthetic
 from tsfile_torch.cli import main
 
 
@@ -25,3 +29,55 @@ def test_generate_then_inspect_reports_columns_from_metadata(tmp_path, capsys):
     assert main(["inspect", str(tmp_path), "--columns", "t.d1.*"]) == 0
     text = capsys.readouterr().out
     assert "3 columns, 1000 rows" in text and "t.d1.s2" in text and "t.d0.s0" not in text
+
+
+def _two_timelines(directory) -> None:
+    """Table ``a``: 2 devices x 2 fields x 1,000 rows from time 0; ``b``: 1 x 1 x 500 from 10."""
+    synthetic.write_table_files(
+        directory, synthetic.DatasetSpec(1, 2, 2, 1000, table="a"), prefix="a"
+    )
+    spec_b = synthetic.DatasetSpec(1, 1, 1, 500, table="b")
+    synthetic.write_table_files(directory, spec_b, prefix="b", start_time=10)
+
+
+def test_inspect_lists_devices_and_which_columns_share_each_timeline(tmp_path, capsys):
+    _two_timelines(tmp_path)
+    with pytest.raises(SchemaError, match="do not share one timeline"):
+        TsFileIterableDataset(tmp_path)  # what the user could not build
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert [d["name"] for d in report["devices"]] == ["a.d0", "a.d1", "b.d0"]
+    assert report["timelines"] == [
+        {
+            "num_rows": 1000,
+            "start_time": 0,
+            "end_time": 999,
+            "columns": ["a.d0.s0", "a.d0.s1", "a.d1.s0", "a.d1.s1"],
+        },
+        {"num_rows": 500, "start_time": 10, "end_time": 509, "columns": ["b.d0.s0"]},
+    ]
+    assert "num_rows" not in report  # no single row count: the columns are on two timelines
+    assert [c["timeline"] for c in report["columns"]] == [0, 0, 0, 0, 1]
+    assert main(["inspect", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "3 devices, 5 columns on 2 timelines" in text
+    assert "[1] 500 rows, time [10, 509]:\n      b.d0: s0\n" in text
+    assert "a.d1: s0 s1" in text
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["inspect", "{dir}/nope.tsfile"], r"nope.tsfile: no such file or directory"),
+        (["inspect", "{dir}", "--columns", "zz"], r"column 'zz' matches no series"),
+        (["inspect", "{dir}", "--storage-options", "{"], r"--storage-options must be a JSON"),
+        (["bench", "--data", "{dir}/nope.tsfile", "--quick"], r"nope.tsfile: no such file"),
+    ],
+)
+def test_a_user_error_prints_one_line_and_exits_2(tmp_path, capsys, argv, message):
+    _two_timelines(tmp_path)
+    assert main([a.replace("{dir}", str(tmp_path)) for a in argv]) == 2
+    captured = capsys.readouterr()
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in captured.err
+    assert re.search(rf"^tsfile-torch {argv[0]}: error: .*{message}", lines[0])

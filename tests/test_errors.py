@@ -130,3 +130,73 @@ def test_file_changed_between_epochs_fails_clearly(tmp_path, small_dir):
     ds.set_epoch(1)
     with pytest.raises(TsFileFormatError, match=r"part001.tsfile: file changed while in use"):
         list(ds)
+
+
+def _integer_file(path, num_rows: int = 1000) -> None:
+    """Table ``t``, device ``d0``: INT64 ``big`` = 2**40 + row, INT32 ``small`` = row, DOUBLE
+    ``f64`` = row / 2."""
+    import numpy as np
+    import pyarrow as pa
+    from tsfile import ColumnCategory, ColumnSchema, TableSchema, TSDataType, TsFileTableWriter
+
+    schema = TableSchema(
+        "t",
+        [
+            ColumnSchema("device", TSDataType.STRING, ColumnCategory.TAG),
+            ColumnSchema("big", TSDataType.INT64, ColumnCategory.FIELD),
+            ColumnSchema("small", TSDataType.INT32, ColumnCategory.FIELD),
+            ColumnSchema("f64", TSDataType.DOUBLE, ColumnCategory.FIELD),
+        ],
+    )
+    rows = np.arange(num_rows)
+    writer = TsFileTableWriter(str(path), schema)
+    writer.writer.write_arrow_batch(
+        "t",
+        pa.table(
+            {
+                "time": pa.array(rows, pa.int64()),
+                "device": pa.array(["d0"] * num_rows),
+                "big": pa.array(rows + 2**40, pa.int64()),
+                "small": pa.array(rows, pa.int32()),
+                "f64": pa.array(rows / 2.0),
+            }
+        ),
+        0,
+    )
+    writer.close()
+
+
+def test_integers_beyond_the_dtype_warn_once_naming_the_columns(tmp_path):
+    import warnings
+
+    import numpy as np
+
+    _integer_file(tmp_path / "ints.tsfile")
+    with pytest.warns(UserWarning) as caught:
+        ds = TsFileDataset(tmp_path, batch_size=1000)
+    assert len(caught) == 1
+    message = str(caught[0].message)
+    assert "t.d0.big" in message and "t.d0.small" not in message
+    assert "dtype=torch.float64" in message
+    assert len(np.unique(ds[0][:, 0].numpy())) < 1000  # what the warning is about
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # float64 holds 2**40 + row exactly: no warning
+        exact = TsFileDataset(tmp_path, batch_size=1000, dtype=torch.float64)
+    np.testing.assert_array_equal(exact[0][:, 0].numpy(), np.arange(1000) + 2.0**40)
+
+
+def test_a_bare_field_name_suggests_full_names_and_a_pattern(tmp_path):
+    _integer_file(tmp_path / "ints.tsfile")
+    with pytest.raises(SchemaError, match=r"column 'f64' matches no series.*t\.d0\.f64.*'\*\.f64'"):
+        TsFileIterableDataset(tmp_path, columns=["f64"])
+    assert TsFileIterableDataset(tmp_path, columns=["*.f64"]).columns == ["t.d0.f64"]
+
+
+def test_a_directory_named_like_a_tsfile_is_skipped(small_dir, tmp_path):
+    for path in sorted(small_dir.glob("*.tsfile")):
+        shutil.copy(path, tmp_path / path.name)
+    (tmp_path / "scratch.tsfile").mkdir()
+    ds = TsFileIterableDataset(tmp_path)
+    assert [f.name for f in ds.catalog.files] == [
+        str(tmp_path / p.name) for p in sorted(small_dir.glob("*.tsfile"))
+    ]

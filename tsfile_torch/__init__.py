@@ -5,7 +5,13 @@ from __future__ import annotations
 from .backend import BACKENDS, open_reader, parse_backend
 from .catalog import Catalog, build_catalog
 from .datasets import EpochSampler, TsFileDataset, TsFileIterableDataset
-from .errors import MappingError, SchemaError, TsFileFormatError, TsFileTorchError
+from .errors import (
+    MappingError,
+    RemoteError,
+    SchemaError,
+    TsFileFormatError,
+    TsFileTorchError,
+)
 from .loader import make_loader
 from .options import CACHE_MODES, DatasetOptions
 from .reader import BatchReader
@@ -20,6 +26,7 @@ __all__ = [
     "DatasetOptions",
     "EpochSampler",
     "MappingError",
+    "RemoteError",
     "SchemaError",
     "TsFileDataset",
     "TsFileFormatError",

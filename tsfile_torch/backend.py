@@ -18,6 +18,7 @@ import tsfile
 from tsfile import FileReadBackend, TsFileReader
 
 from .errors import MappingError, TsFileFormatError, TsFileTorchError
+from .remote import RemoteFile
 
 __all__ = [
     "BACKENDS",
@@ -156,6 +157,8 @@ def is_mapped(path: str) -> bool:
 
 
 def _can_map(source: Source) -> bool:
+    if isinstance(source, RemoteFile):
+        return True  # read from its local copy (Note: remote sources)
     if not isinstance(source, (str, os.PathLike)):
         return False
     try:

@@ -22,6 +22,8 @@ class Block:
 
     times: np.ndarray
     values: np.ndarray
+    #: its timestamps were found equal to the timestamp column's for all its rows
+    verified: bool = False
 
     @property
     def nbytes(self) -> int:
@@ -47,6 +49,10 @@ class BlockCache:
     def __contains__(self, key) -> bool:
         return key in self._blocks
 
+    def peek(self, key) -> Block | None:
+        """Return the block stored under ``key`` without touching the LRU order, or ``None``."""
+        return self._blocks.get(key)
+
     def get(self, key) -> Block | None:
         """Return the block stored under ``key`` (now most recently used), or ``None``."""
         block = self._blocks.get(key)
@@ -70,7 +76,9 @@ class BlockCache:
         with self._lock:
             spare = self._spare.get((k, n))
             if spare:
-                return spare.pop()
+                block = spare.pop()
+                block.verified = False
+                return block
         return Block(np.empty(n, dtype=np.int64), np.empty((k, n), dtype=self.dtype))
 
     def recycle(self, block: Block) -> None:

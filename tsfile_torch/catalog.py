@@ -21,6 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from tsfile import TSDataType
 
+from . import remote
 from .backend import Source, open_reader, source_name
 from .errors import SchemaError, TsFileFormatError
 
@@ -33,6 +34,7 @@ __all__ = [
     "Shard",
     "build_catalog",
     "expand_sources",
+    "survey",
 ]
 
 #: tsfile types read as numbers; every other type is left out of ``columns=None``.
@@ -164,12 +166,18 @@ class Catalog:
         ]
 
 
-def expand_sources(sources: Source | Sequence[Source]) -> list[Source]:
+def expand_sources(
+    sources: Source | Sequence[Source], remote_options: remote.RemoteOptions | None = None
+) -> list[Source]:
     """Expand paths, directories (their ``*.tsfile``, sorted) and globs into a list of sources.
+
+    URLs (``s3://bucket/prefix/*.tsfile``...) expand through fsspec into
+    :class:`~tsfile_torch.remote.RemoteFile` entries (Note: remote sources).
 
     Raises:
         TsFileFormatError: a path does not exist, a directory holds no ``*.tsfile``, a glob
             matches nothing, or nothing was given.
+        RemoteError: a URL cannot be listed (see :func:`tsfile_torch.remote.expand_url`).
     """
     if isinstance(sources, (str, os.PathLike)) or hasattr(sources, "read"):
         sources = [sources]
@@ -180,14 +188,20 @@ def expand_sources(sources: Source | Sequence[Source]) -> list[Source]:
         )
     out: list[Source] = []
     for src in sources:
-        if hasattr(src, "read"):
+        if hasattr(src, "read") or isinstance(src, remote.RemoteFile):
             out.append(src)
+            continue
+        if remote.is_url(src) and not src.startswith("file://"):
+            out.extend(remote.expand_url(src, remote_options))
             continue
         if not isinstance(src, (str, os.PathLike)):
             raise TypeError(f"each source must be a path or a binary file object; got {src!r}")
         path = os.fspath(src)
+        if path.startswith("file://"):
+            path = remote.file_url_path(path)
         if os.path.isdir(path):
-            found = sorted(glob.glob(os.path.join(glob.escape(path), "*.tsfile")))
+            pattern = os.path.join(glob.escape(path), "*.tsfile")
+            found = sorted(p for p in glob.glob(pattern) if not os.path.isdir(p))
             if not found:
                 raise TsFileFormatError(
                     f"{path}: directory holds no *.tsfile files; point at a directory of "
@@ -208,7 +222,10 @@ def expand_sources(sources: Source | Sequence[Source]) -> list[Source]:
     seen: set[str] = set()
     unique = []
     for src in out:
-        key = os.path.realpath(src) if isinstance(src, str) else str(id(src))
+        if isinstance(src, str):
+            key = os.path.realpath(src)
+        else:
+            key = src.url if isinstance(src, remote.RemoteFile) else str(id(src))
         if key not in seen:
             seen.add(key)
             unique.append(src)
@@ -227,9 +244,8 @@ def _stat_value(stat, prefix: str):
     return None
 
 
-def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
-    """Return the file's info and (name, dtype, shard, statistic) for every field, in order."""
-    name = source_name(source)
+def _read_metadata(name: str, source) -> tuple[dict, dict]:
+    """Return tsfile's timeseries metadata and table schemas of one file (reader closed)."""
     reader, _ = open_reader(source, "pread")
     try:
         try:
@@ -242,10 +258,22 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
             ) from err
     finally:
         reader.close()
-    if isinstance(source, (str, os.PathLike)):
+    return metadata, schemas
+
+
+def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
+    """Return the file's info and (name, dtype, shard, statistic) for every field, in order."""
+    name = source_name(source)
+    if isinstance(source, remote.RemoteFile):
+        with remote.open_metadata(source) as fh:
+            metadata, schemas = _read_metadata(name, fh)
+        info = FileInfo(index, source, name, source.nbytes, 0)
+    elif isinstance(source, (str, os.PathLike)):
+        metadata, schemas = _read_metadata(name, source)
         st = os.stat(source)
         info = FileInfo(index, os.fspath(source), name, st.st_size, st.st_mtime_ns)
     else:
+        metadata, schemas = _read_metadata(name, source)
         pos = source.tell()
         nbytes = source.seek(0, os.SEEK_END)
         source.seek(pos)
@@ -313,9 +341,9 @@ def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> 
         matches = [c for c in all_columns.values() if fnmatch.fnmatchcase(c.name, item)]
         numeric_matches = [c for c in matches if c.dtype in NUMERIC_TYPES.values()]
         if not matches:
-            close = difflib.get_close_matches(item, list(all_columns), n=5, cutoff=0.5)
-            hint = f"; close names: {', '.join(close)}" if close else ""
-            raise SchemaError(f"column {item!r} matches no series in the sources{hint}")
+            raise SchemaError(
+                f"column {item!r} matches no series in the sources{_hint(item, all_columns)}"
+            )
         if not numeric_matches:
             raise SchemaError(
                 f"pattern {item!r} matches only non-numeric columns "
@@ -324,6 +352,19 @@ def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> 
         for col in numeric_matches:
             chosen.setdefault(col.name, col)
     return list(chosen.values())
+
+
+def _hint(item: str, all_columns: dict[str, Column]) -> str:
+    """Suggest full names for a bare field name (``f64`` -> ``t.d0.f64``, ``*.f64``)."""
+    full = [name for name in all_columns if name.endswith("." + item)]
+    if full:
+        shown = ", ".join(full[:5]) + (f" and {len(full) - 5} more" if len(full) > 5 else "")
+        return (
+            f"; columns are named table.tag.field (tree model: root.sg.device.measurement): "
+            f"use the full names ({shown}) or the pattern '*.{item}' for every device's {item}"
+        )
+    close = difflib.get_close_matches(item, list(all_columns), n=5, cutoff=0.5)
+    return f"; close names: {', '.join(close)}" if close else ""
 
 
 def _place_shards(col: Column, files: Sequence[FileInfo]) -> None:
@@ -369,29 +410,11 @@ def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:
     return tuple(groups)
 
 
-def build_catalog(
-    sources: Source | Sequence[Source],
-    columns: Sequence[str] | str | None = None,
-    start_time: int | None = None,
-    end_time: int | None = None,
-) -> Catalog:
-    """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
-
-    Args:
-        sources: paths, directories, glob patterns or binary file objects (see
-            :func:`expand_sources`).
-        columns: ``None`` for every numeric field, else exact names or glob patterns.
-        start_time, end_time: keep only rows with timestamps in ``[start_time, end_time]``
-            (inclusive; ``None``: unbounded). Shards wholly inside or outside come from metadata;
-            a shard the range cuts has the timestamps of its rows in range read once, to count
-            them (cost ~ the rows selected).
-
-    Raises:
-        TsFileFormatError: a source is missing or not a readable TsFile.
-        SchemaError: a column is unknown or not numeric, shards overlap, or the selected columns
-            do not share one timeline.
-    """
-    expanded = expand_sources(sources)
+def _read_sources(
+    sources: Source | Sequence[Source], remote_options: remote.RemoteOptions | None
+) -> tuple[list[FileInfo], dict[str, Column]]:
+    """Return the files and every series of ``sources`` (shards in file order, not placed)."""
+    expanded = expand_sources(sources, remote_options)
     files: list[FileInfo] = []
     all_columns: dict[str, Column] = {}
     for index, source in enumerate(expanded):
@@ -410,6 +433,105 @@ def build_catalog(
         raise TsFileFormatError(
             f"{', '.join(f.name for f in files)}: no series in the sources; the TsFiles are empty"
         )
+    return files, all_columns
+
+
+def survey(
+    sources: Source | Sequence[Source],
+    columns: Sequence[str] | str | None = None,
+    remote_options: remote.RemoteOptions | None = None,
+) -> dict:
+    """Describe ``sources`` from metadata without laying out rows: what ``inspect`` prints.
+
+    Unlike :func:`build_catalog` this does not require the columns to share one timeline; it
+    says which do. A timeline is (row count, first time, last time) of a series over all files.
+
+    Returns:
+        ``{"files": [name...], "devices": [{"name", "files", "columns"}...], "timelines":
+        [{"num_rows", "start_time", "end_time", "columns": [name...]}...] (most columns first),
+        "columns": [per-column dict as :meth:`Catalog.describe`, plus "timeline" (its index)],
+        "left_out": [non-numeric "name:TYPE"...]}``.
+
+    Raises:
+        TsFileFormatError, SchemaError: as :func:`build_catalog`, except for timelines.
+    """
+    files, all_columns = _read_sources(sources, remote_options)
+    selected = _select(all_columns, columns)
+    keys: dict[tuple[int, int, int], list[str]] = {}
+    devices: dict[str, dict] = {}
+    described = []
+    for col in selected:
+        key = (
+            col.num_rows,
+            min(sh.start_time for sh in col.shards),
+            max(sh.end_time for sh in col.shards),
+        )
+        keys.setdefault(key, []).append(col.name)
+        device = _device_name(col.shards[0].device)
+        entry = devices.setdefault(device, {"name": device, "files": [], "columns": []})
+        entry["columns"].append(col.name)
+        for sh in col.shards:
+            if files[sh.file_index].name not in entry["files"]:
+                entry["files"].append(files[sh.file_index].name)
+        described.append((col, key))
+    timelines = sorted(keys.items(), key=lambda kv: (-len(kv[1]), kv[0]))
+    index = {key: i for i, (key, _) in enumerate(timelines)}
+    return {
+        "files": [f.name for f in files],
+        "devices": list(devices.values()),
+        "timelines": [
+            {"num_rows": k[0], "start_time": k[1], "end_time": k[2], "columns": names}
+            for k, names in timelines
+        ],
+        "columns": [
+            {
+                "name": c.name,
+                "dtype": c.dtype,
+                "timeline": index[key],
+                "num_rows": key[0],
+                "num_values": c.num_values,
+                "start_time": key[1],
+                "end_time": key[2],
+                "min": c.min,
+                "max": c.max,
+                "mean": (c.sum / c.num_values) if c.sum is not None and c.num_values else None,
+                "files": sorted({files[s.file_index].name for s in c.shards}),
+            }
+            for c, key in described
+        ],
+        "left_out": [
+            f"{c.name}:{c.dtype}"
+            for c in all_columns.values()
+            if c.dtype not in NUMERIC_TYPES.values()
+        ],
+    }
+
+
+def build_catalog(
+    sources: Source | Sequence[Source],
+    columns: Sequence[str] | str | None = None,
+    start_time: int | None = None,
+    end_time: int | None = None,
+    remote_options: remote.RemoteOptions | None = None,
+) -> Catalog:
+    """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
+
+    Args:
+        sources: paths, directories, glob patterns, URLs or binary file objects (see
+            :func:`expand_sources`).
+        columns: ``None`` for every numeric field, else exact names or glob patterns.
+        start_time, end_time: keep only rows with timestamps in ``[start_time, end_time]``
+            (inclusive; ``None``: unbounded). Shards wholly inside or outside come from metadata;
+            a shard the range cuts has the timestamps of its rows in range read once, to count
+            them (cost ~ the rows selected; a remote file is downloaded for this).
+        remote_options: how URL sources are reached and cached (``None``: defaults).
+
+    Raises:
+        TsFileFormatError: a source is missing or not a readable TsFile.
+        SchemaError: a column is unknown or not numeric, shards overlap, or the selected columns
+            do not share one timeline.
+    """
+    files, all_columns = _read_sources(sources, remote_options)
     selected = _select(all_columns, columns)
     if start_time is not None or end_time is not None:
         _restrict(selected, files, start_time, end_time)
@@ -507,9 +629,10 @@ def _cut(shard: Shard, info: FileInfo, lo: int, hi: int) -> Shard | None:
     """Return ``shard`` cut to ``[lo, hi]`` by reading its timestamps there; None if empty."""
     from .native import prepare_handles, query_times
 
-    if not isinstance(info.source, str):
-        info.source.seek(0)
-    reader, _ = open_reader(info.source, "pread", check_mapped=False)
+    source = remote.local_source(info.source)  # a URL: fetched now (Note: remote sources)
+    if not isinstance(source, str):
+        source.seek(0)
+    reader, _ = open_reader(source, "pread", check_mapped=False)
     try:
         (handle,) = prepare_handles(reader, shard.file_index, info.nbytes, info.name, [shard])
         times = query_times(

@@ -4,14 +4,60 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+
+from .errors import TsFileTorchError
 
 __all__ = ["main"]
 
 
+def _bench_remote(args: argparse.Namespace) -> int:
+    from . import bench, bench_remote
+
+    records = bench_remote.run_remote_benchmark(
+        args.data,
+        _remote_options(args).storage_options,
+        columns=args.columns,
+        batch_size=args.batch_size,
+        workers=tuple(args.workers) if args.workers else (0,),
+        epochs=2 if args.quick else 3,
+        rounds=args.rounds or (1 if args.quick else 3),
+        read_backend=args.backends[0],
+    )
+    print(bench_remote.format_remote_table(records))
+    if args.json:
+        bench.write_json(records, args.json)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+def _scale(args: argparse.Namespace) -> int:
+    import os
+
+    from . import scale
+
+    data_dir = args.cache_dir or os.path.join(
+        os.path.expanduser("~"), ".cache", "tsfile-torch", "scale"
+    )
+    records = scale.run_scale(data_dir, quick=args.quick)
+    print(scale.format_scale(records))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
+    from .remote import is_url
 
+    if args.data and is_url(args.data) and not args.data.startswith("file://"):
+        return _bench_remote(args)
+    if args.scale:
+        return _scale(args)
     data = args.data or bench.reference_data(args.cache_dir)
     if args.quick:
         plan = bench.BenchPlan(
@@ -38,7 +84,7 @@ def _bench(args: argparse.Namespace) -> int:
             rounds=args.rounds or 6,
             cold=args.cold,
         )
-        configs = bench.default_configs(args.backends, args.workers, args.caches)
+        configs = bench.default_configs(args.backends, args.workers or [0, 1, 2], args.caches)
     if args.cold and not hasattr(__import__("os"), "posix_fadvise"):
         print(
             "--cold: posix_fadvise is not available here; the page cache stays warm",
@@ -55,32 +101,60 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _inspect(args: argparse.Namespace) -> int:
-    from .catalog import build_catalog
+def _remote_options(args: argparse.Namespace):
+    from .remote import RemoteOptions
 
-    cat = build_catalog(args.sources, args.columns)
-    rows = cat.describe()
-    if args.json:
-        print(
-            json.dumps(
-                {
-                    "num_rows": cat.num_rows,
-                    "start_time": cat.start_time,
-                    "end_time": cat.end_time,
-                    "columns": rows,
-                },
-                indent=1,
-            )
+    try:
+        storage = json.loads(args.storage_options) if args.storage_options else None
+    except json.JSONDecodeError as err:
+        raise ValueError(
+            f"--storage-options must be a JSON object; got {args.storage_options!r}: {err}"
+        ) from err
+    return RemoteOptions(storage, getattr(args, "remote_cache_dir", None))
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from .catalog import survey
+
+    report = survey(args.sources, args.columns, _remote_options(args))
+    timelines, columns = report["timelines"], report["columns"]
+    if len(timelines) == 1:  # the columns read together as one dataset
+        report.update(
+            num_rows=timelines[0]["num_rows"],
+            start_time=timelines[0]["start_time"],
+            end_time=timelines[0]["end_time"],
         )
+    if args.json:
+        print(json.dumps(report, indent=1))
         return 0
-    print(
-        f"{len(cat.files)} files, {len(rows)} columns, {cat.num_rows} rows, "
-        f"time [{cat.start_time}, {cat.end_time}]"
-    )
-    for r in rows:
+    head = f"{len(report['files'])} files, {len(report['devices'])} devices, {len(columns)} columns"
+    if len(timelines) == 1:
+        t = timelines[0]
+        print(f"{head}, {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]")
+    else:
         print(
-            f"  {r['name']:<40} {r['dtype']:<9} rows={r['num_rows']:<9} min={r['min']} "
-            f"max={r['max']} mean={r['mean']}"
+            f"{head} on {len(timelines)} timelines: a dataset reads columns of one timeline "
+            f"(select them with --columns / columns=[...])"
+        )
+    if report["left_out"]:
+        print(f"  left out (not numeric): {', '.join(report['left_out'])}")
+    print("devices:")
+    for d in report["devices"]:
+        print(f"  {d['name']:<30} {len(d['columns'])} columns in {', '.join(d['files'])}")
+    print("timelines (columns sharing one time column):")
+    for i, t in enumerate(timelines):
+        print(f"  [{i}] {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]:")
+        by_device: dict[str, list[str]] = {}
+        for name in t["columns"]:
+            device, field = name.rsplit(".", 1)
+            by_device.setdefault(device, []).append(field)
+        for device, fields in by_device.items():
+            print(f"      {device}: {' '.join(fields)}")
+    print("columns:")
+    for r in columns:
+        print(
+            f"  {r['name']:<40} {r['dtype']:<9} timeline={r['timeline']} rows={r['num_rows']:<9} "
+            f"min={r['min']} max={r['max']} mean={r['mean']}"
         )
     return 0
 
@@ -99,7 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     b = sub.add_parser("bench", help="epoch-throughput benchmark beside TsFileDataFrame")
-    b.add_argument("--data", help="TsFiles to read (default: the reference dataset, generated)")
+    b.add_argument(
+        "--data",
+        help="TsFiles to read: a path, directory, glob or URL (s3://bucket/prefix/; then the "
+        "URL is timed against its local copies) (default: the reference dataset, generated)",
+    )
     b.add_argument("--cache-dir", help="where the reference dataset is generated")
     b.add_argument("--columns", nargs="+", help="column names or glob patterns")
     b.add_argument("--batch-size", type=int, default=8192)
@@ -110,7 +188,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["auto", "mmap", "pread"],
         default=["auto", "mmap", "pread"],
     )
-    b.add_argument("--workers", nargs="+", type=int, default=[0, 1, 2])
+    b.add_argument(
+        "--workers", nargs="+", type=int, help="DataLoader workers (default 0 1 2; URL: 0)"
+    )
     b.add_argument("--caches", nargs="+", choices=["none", "memory"], default=["none", "memory"])
     b.add_argument(
         "--cold",
@@ -119,15 +199,28 @@ def build_parser() -> argparse.ArgumentParser:
         "before each configuration (posix_fadvise DONTNEED)",
     )
     b.add_argument("--quick", action="store_true", help="a short run (under 30 s)")
+    b.add_argument(
+        "--scale",
+        action="store_true",
+        help="the scale benchmark: rows per file, number of files, columns, decode floor "
+        "(data generated under --cache-dir, default ~/.cache/tsfile-torch/scale)",
+    )
     b.add_argument("--json", help="write one JSON record per configuration and round")
     b.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true")
+    b.add_argument(
+        "--storage-options",
+        help='with --data URL: fsspec options, JSON: \'{"endpoint_url": "http://..."}\'',
+    )
     b.set_defaults(func=_bench)
 
     i = sub.add_parser("inspect", help="columns, rows and statistics from metadata")
     i.add_argument("sources", nargs="+")
     i.add_argument("--columns", nargs="+")
     i.add_argument("--json", action="store_true")
+    i.add_argument(
+        "--storage-options", help="fsspec options for URL sources, JSON: '{\"anon\": true}'"
+    )
     i.set_defaults(func=_inspect)
 
     g = sub.add_parser("generate", help="write a synthetic table-model dataset")
@@ -141,8 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; a user error prints one line on stderr and returns 2."""
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    try:
+        return args.func(args)
+    except BrokenPipeError:  # output piped into `head` and the like: not an error
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the interpreter's final flush
+        return 0
+    except (TsFileTorchError, ValueError, TypeError, OSError) as err:
+        print(f"tsfile-torch {args.command}: error: {err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

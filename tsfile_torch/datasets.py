@@ -31,6 +31,7 @@ number of workers; anything else is a ``ValueError`` saying what differs.
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from multiprocessing import sharedctypes
 from typing import Any
@@ -43,7 +44,7 @@ from . import sampling
 from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog
 from .options import DatasetOptions
-from .reader import BatchReader
+from .reader import BatchReader, cache_cap
 
 __all__ = ["EpochSampler", "TsFileDataset", "TsFileIterableDataset", "resolve_rank"]
 
@@ -74,16 +75,38 @@ class _TsFileBase:
         self.options = options
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.catalog: Catalog = build_catalog(
-            sources, options.columns, start_time=options.start_time, end_time=options.end_time
+            sources,
+            options.columns,
+            start_time=options.start_time,
+            end_time=options.end_time,
+            remote_options=options.remote,
         )
+        _warn_inexact_integers(self.catalog, options.dtype)
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
+        self._warn_if_batch_exceeds_cache()
         # the epoch word (see the note in sampling): latest epoch, set_epoch flag, claimer
         self._epoch = sharedctypes.RawValue("q", sampling.pack_epoch_word(-1, False, 0))
         # -1: options.random_batches decides; 0: full passes; N > 0: N random windows
         self._random = sharedctypes.RawValue("q", -1)
         self._reader: BatchReader | None = None
         self._reader_epoch = None
+
+    def _warn_if_batch_exceeds_cache(self) -> None:
+        o = self.options
+        if o.cache != "none" or o.cache_bytes == 0:
+            return
+        itemsize = 8 if o.dtype == "float64" else 4
+        cap = o.cache_bytes if o.cache_bytes is not None else cache_cap()
+        batch_bytes = o.batch_size * (len(self.catalog.columns) * itemsize + 8)
+        if batch_bytes > cap:
+            warnings.warn(
+                f"one batch of {o.batch_size} rows x {len(self.catalog.columns)} columns is "
+                f"{batch_bytes / 2**20:.0f} MiB, more than the streaming cache's "
+                f"{cap / 2**20:.0f} MiB: blocks cannot be cached and pages will be decoded more "
+                f"than once; use a smaller batch_size, fewer columns, or a larger cache_bytes",
+                stacklevel=3,
+            )
 
     # -- pickling: no native handles, shared epoch only while spawning workers ------------
     # (a plain pickle, e.g. a checkpoint, takes the values: its copy counts epochs alone)
@@ -301,6 +324,34 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+#: Largest integer magnitude below which every integer is exact in each float dtype (2**mantissa).
+_EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
+
+
+def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
+    """Warn when metadata min / max show integer columns that ``dtype`` cannot hold exactly."""
+    limit = _EXACT_INTEGERS[dtype]
+    inexact = [
+        c.name
+        for c in catalog.columns
+        if c.dtype in ("INT32", "INT64", "TIMESTAMP")
+        and max(abs(c.min or 0), abs(c.max or 0)) > limit
+    ]
+    if not inexact:
+        return
+    shown = ", ".join(inexact[:8]) + (f" and {len(inexact) - 8} more" if len(inexact) > 8 else "")
+    hint = (
+        "pass dtype=torch.float64 (exact up to 2**53)"
+        if dtype != "float64"
+        else "their values beyond 2**53 are rounded"
+    )
+    warnings.warn(
+        f"integer columns {shown} hold values beyond {limit:,} (metadata min / max), where "
+        f"{dtype} cannot represent every integer: values will be rounded; {hint}",
+        stacklevel=4,
+    )
 
 
 def _spawning() -> bool:

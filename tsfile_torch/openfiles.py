@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from .backend import mapped_paths, open_reader
 from .catalog import FileInfo, ReadGroup
 from .native import prepare_handles
+from .remote import local_path, local_source
 
 __all__ = ["DEFAULT_MAX_OPEN_FILES", "OpenFiles", "tune_malloc"]
 
@@ -116,10 +117,11 @@ class OpenFiles:
             if self.malloc_tuning:
                 tune_malloc()
             info = self.files[file_index]
-            if not isinstance(info.source, str):
-                info.source.seek(0)
+            source = local_source(info.source)  # a URL: its local copy (Note: remote sources)
+            if not isinstance(source, str):
+                source.seek(0)
             check = self.read_backend == "mmap" and not self._mapping_checked
-            reader, _ = open_reader(info.source, self.read_backend, check_mapped=check)
+            reader, _ = open_reader(source, self.read_backend, check_mapped=check)
             self._mapping_checked = self._mapping_checked or check
             self.open_count += 1
             self._readers[file_index] = reader
@@ -164,7 +166,7 @@ class OpenFiles:
         mapped = mapped_paths()
         out = {}
         for i in open_files:
-            source = self.files[i].source
+            source = local_path(self.files[i].source)
             if self.read_backend == "pread" or not isinstance(source, str):
                 out[i] = "pread"
             elif mapped is None:

@@ -7,12 +7,14 @@ argument is checked in one place with one message.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
 from .backend import parse_backend
 from .openfiles import DEFAULT_MAX_OPEN_FILES
 from .reader import DEFAULT_BLOCK_ROWS
+from .remote import DEFAULT_CACHE_LIMIT, RemoteOptions
 from .timeline import default_index_dir
 
 __all__ = ["CACHE_MODES", "DatasetOptions"]
@@ -86,6 +88,10 @@ class DatasetOptions:
         decode_threads: threads decoding different files / devices at once in a reading
             process; ``None``: up to 4 (the CPU count) with ``num_workers=0``, 1 inside
             DataLoader workers (the workers already use the cores).
+        storage_options: fsspec filesystem arguments for URL sources (credentials, endpoint).
+        cache_dir: where URL sources are copied before reading (``None``:
+            ``~/.cache/tsfile-torch/remote``); see :mod:`tsfile_torch.remote`.
+        cache_limit: bytes of copies kept in ``cache_dir`` (least recently used deleted first).
         start_time: first timestamp to read (inclusive, tsfile's convention); ``None``: from
             the start. Pushed down to the reader: only rows in range are read.
         end_time: last timestamp to read (inclusive); ``None``: to the end.
@@ -109,6 +115,9 @@ class DatasetOptions:
     return_timestamps: bool = False
     malloc_tuning: bool = True
     decode_threads: int | None = None
+    storage_options: Mapping[str, Any] | None = None
+    cache_dir: str | None = None
+    cache_limit: int = DEFAULT_CACHE_LIMIT
     start_time: int | None = None
     end_time: int | None = None
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
@@ -146,6 +155,7 @@ class DatasetOptions:
             )
         _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
         _positive_int("block_rows", self.block_rows)
+        self.remote  # noqa: B018 (validates storage_options, cache_dir, cache_limit)
         for name in ("start_time", "end_time"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
@@ -169,6 +179,11 @@ class DatasetOptions:
                 "random_batches draws random windows already; shuffle=True cannot "
                 "be combined with it: leave shuffle=False"
             )
+
+    @property
+    def remote(self) -> RemoteOptions:
+        """The settings of URL sources, validated."""
+        return RemoteOptions(self.storage_options, self.cache_dir, self.cache_limit)
 
     @property
     def index_dir(self) -> str | None:

@@ -28,9 +28,9 @@ import pyarrow.compute as pc
 from .blockcache import Block, BlockCache
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
-from .native import query
+from .native import query, query_times
 from .openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles, tune_malloc
-from .timeline import DEFAULT_INDEX_STRIDE, TimeIndex, load_or_build
+from .timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
 
 __all__ = [
     "BatchReader",
@@ -90,7 +90,7 @@ class _Segments:
     def groups(self, start_row: int, stop_row: int) -> list[int]:
         """Return the groups holding rows of ``[start_row, stop_row)``, timestamp groups first."""
         lo = int(np.searchsorted(self.bounds, start_row, side="right")) - 1
-        hi = int(np.searchsorted(self.bounds, stop_row, side="left"))
+        hi = min(int(np.searchsorted(self.bounds, stop_row, side="left")), len(self.members))
         if hi - lo == 1:
             return self.members[lo]
         seen = {gi for s in range(max(lo, 0), hi) for gi in self.members[s]}
@@ -148,6 +148,17 @@ class BatchReader:
         self.cache = BlockCache(cache_bytes, self.dtype)
         self._ref_groups = {i for i, g in enumerate(catalog.groups) if 0 in g.columns}
         self._segments = _Segments(catalog.groups, self._ref_groups)
+        self._targets = [_target(g.columns) for g in catalog.groups]
+        # a group whose rows are exactly those of a timestamp group: its blocks are verified
+        # against that group's block once, not batch by batch
+        spans = {
+            (catalog.groups[i].start_row, catalog.groups[i].num_rows): i for i in self._ref_groups
+        }
+        self._twin = {
+            gi: spans.get((g.start_row, g.num_rows))
+            for gi, g in enumerate(catalog.groups)
+            if gi not in self._ref_groups
+        }
         #: Rows per decoded block actually used (see the module notes).
         self.block_rows = self._fit_block_rows(block_rows)
         self._clip = (0, catalog.num_rows)
@@ -249,24 +260,37 @@ class BatchReader:
                 )
 
     # -- decoding -------------------------------------------------------------------------
-    def _index(self, group_index: int, reader, handles) -> TimeIndex:
+    def _index(self, group_index: int) -> TimeIndex:
         index = self._indexes.get(group_index)
         if index is None:
             group = self.catalog.groups[group_index]
             info = self.catalog.files[group.file_index]
-            index = load_or_build(reader, handles, info, group, self.index_stride, self.index_dir)
+
+            def fetch(t0: int, t1: int) -> np.ndarray:
+                reader, handles = self.files.handles(group_index, group)  # may have been closed
+                return query_times(reader, handles[0], group.aligned, t0, t1)
+
+            index = open_index(fetch, info, group, self.index_stride, self.index_dir)
             self._indexes[group_index] = index
         return index
+
+    def _span(self, group_index: int, start: int, stop: int) -> tuple[int, int, int]:
+        group = self.catalog.groups[group_index]
+        if start == 0 and stop == group.num_rows:
+            return group.start_time, group.end_time, 0
+        index = self._index(group_index)
+        was_complete = index.complete
+        span = index.time_range(start, stop)
+        if self.index_dir and index.complete and not was_complete:
+            info = self.catalog.files[group.file_index]
+            save_index(index, info, group, self.index_dir)
+        return span
 
     def _plan(self, group_index: int, start: int, stop: int):
         """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread)."""
         group = self.catalog.groups[group_index]
+        span = self._span(group_index, start, stop)
         reader, handles = self.files.handles(group_index, group)
-        if start == 0 and stop == group.num_rows:
-            shard = group.shards[0]
-            span = (shard.start_time, shard.end_time, 0)
-        else:
-            span = self._index(group_index, reader, handles).time_range(start, stop)
         return group, reader, handles, span, stop - start
 
     def _decode(self, plan) -> Block:
@@ -354,7 +378,7 @@ class BatchReader:
         return lo, hi
 
     def _pieces(self, group_index: int, start_row: int, stop_row: int, random_access: bool):
-        """Yield (out_start, block_start, block_stop, block) covering the group's rows."""
+        """Yield (out_start, block_start, block_stop, block, block_number or None)."""
         group = self.catalog.groups[group_index]
         local_lo = max(start_row, group.start_row) - group.start_row
         local_hi = min(stop_row, group.stop_row) - group.start_row
@@ -363,7 +387,7 @@ class BatchReader:
         exact = not self.cache.capacity or (random_access and group.num_rows > self.block_rows)
         if exact:
             block = self._decode(self._plan(group_index, local_lo, local_hi))
-            yield group.start_row + local_lo - start_row, 0, local_hi - local_lo, block
+            yield group.start_row + local_lo - start_row, 0, local_hi - local_lo, block, None
             self.cache.recycle(block)
             return
         for b in range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1):
@@ -375,12 +399,12 @@ class BatchReader:
             if data is None:
                 if need_lo < lo or need_hi > hi:  # rows outside set_range: read exactly, keep none
                     data = self._decode(self._plan(group_index, need_lo, need_hi))
-                    yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data
+                    yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data, None
                     self.cache.recycle(data)
                     continue
                 data = self._decode(self._plan(group_index, lo, hi))
                 self.cache.put(key, data)
-            yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data
+            yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
 
     def _prefetch(self, start_row: int, stop_row: int, groups: list[int]) -> None:
         """Decode the missing blocks of ``[start_row, stop_row)`` on ``decode_threads`` threads.
@@ -461,27 +485,35 @@ class BatchReader:
         if self.decode_threads > 1 and self.cache.capacity and not random_access:
             self._prefetch(start_row, stop_row, groups)
         for gi in groups:
-            group = self.catalog.groups[gi]
-            cols = group.columns
-            contiguous = cols == tuple(range(cols[0], cols[0] + len(cols)))
-            target = slice(cols[0], cols[0] + len(cols)) if contiguous else list(cols)
-            for o, a, b, block in self._pieces(gi, start_row, stop_row, random_access):
+            target = self._targets[gi]
+            for o, a, b, block, number in self._pieces(gi, start_row, stop_row, random_access):
                 m = b - a
                 if gi in self._ref_groups:
                     times[o : o + m] = block.times[a:b]
-                elif not np.array_equal(times[o : o + m], block.times[a:b]):
-                    bad = int(np.flatnonzero(times[o : o + m] != block.times[a:b])[0])
-                    raise SchemaError(
-                        self._misaligned(
-                            group, start_row + o + bad, times[o + bad], block.times[a + bad]
-                        )
-                    )
+                elif not block.verified:
+                    self._check_times(gi, times[o : o + m], block, a, b, start_row + o)
+                    self._verify_block(gi, block, number)
                 out[o : o + m, target] = block.values[:, a:b].T
         if self._matrix is not None:
             self._matrix[start_row:stop_row] = out
             self._matrix_times[start_row:stop_row] = times
             self._filled[start_row:stop_row] = True
         return out, times
+
+    def _check_times(self, gi: int, ref: np.ndarray, block: Block, a: int, b: int, row: int):
+        if not np.array_equal(ref, block.times[a:b]):
+            bad = int(np.flatnonzero(ref != block.times[a:b])[0])
+            group = self.catalog.groups[gi]
+            raise SchemaError(self._misaligned(group, row + bad, ref[bad], block.times[a + bad]))
+
+    def _verify_block(self, gi: int, block: Block, number: int | None) -> None:
+        """Mark ``block`` verified if its twin timestamp block is cached and equal."""
+        twin = self._twin.get(gi)
+        if twin is None or number is None:
+            return
+        ref = self.cache.peek((twin, number))
+        if ref is not None and np.array_equal(ref.times, block.times):
+            block.verified = True
 
     def keep_all(self) -> None:
         """Keep every row read, assembled, for the life of this reader (``cache="memory"``).
@@ -502,6 +534,13 @@ class BatchReader:
         if self._matrix is None:
             return 0
         return self._matrix.nbytes + self._matrix_times.nbytes + self._filled.nbytes
+
+
+def _target(columns: tuple[int, ...]) -> slice | list[int]:
+    """Return the output columns of a group: a slice when they are consecutive."""
+    if columns == tuple(range(columns[0], columns[0] + len(columns))):
+        return slice(columns[0], columns[0] + len(columns))
+    return list(columns)
 
 
 def _as_float(column: pa.Array) -> np.ndarray:

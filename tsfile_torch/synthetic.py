@@ -93,6 +93,7 @@ def write_table_files(
     prefix: str = "part",
     extra_fields: dict[str, TSDataType] | None = None,
     null_every: int = 0,
+    flush_every: int = 0,
 ) -> list[str]:
     """Write a table-model dataset, one file per ``spec.num_files``; return the paths.
 
@@ -108,6 +109,8 @@ def write_table_files(
         extra_fields: more fields per device (e.g. ``{"label": TSDataType.STRING}``): STRING and
             TEXT hold ``"r{row}"``, numeric types hold ``row`` (BOOLEAN: ``row % 2``).
         null_every: if > 0, field ``s1`` is null at rows where ``row % null_every == 0``.
+        flush_every: if > 0, write and flush every ``flush_every`` rows of a device: each series
+            then has several chunks (like files IoTDB writes), not one.
     """
     os.makedirs(directory, exist_ok=True)
     extra = dict(extra_fields or {})
@@ -129,7 +132,12 @@ def write_table_files(
                     data[f"s{j}"] = pa.array(values, pa.float64(), mask=mask)
                 for name, kind in extra.items():
                     data[name] = _extra_column(kind, rows)
-                writer.writer.write_arrow_batch(spec.table, pa.table(data), 0)
+                table = pa.table(data)
+                step = flush_every or spec.num_rows
+                for s in range(0, spec.num_rows, step):
+                    writer.writer.write_arrow_batch(spec.table, table.slice(s, step), 0)
+                    if flush_every:
+                        writer.flush()
         finally:
             writer.close()
         paths.append(path)

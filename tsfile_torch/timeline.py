@@ -27,9 +27,8 @@ import numpy as np
 
 from .catalog import FileInfo, ReadGroup
 from .errors import TsFileFormatError
-from .native import query_times
 
-__all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "default_index_dir", "load_or_build"]
+__all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "default_index_dir", "open_index", "save_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -44,20 +43,42 @@ def default_index_dir() -> str:
 
 
 class TimeIndex:
-    """Timestamps of rows ``0, stride, 2 * stride, ...`` of one group.
+    """Timestamps of rows ``0, stride, 2 * stride, ...`` of one group, learned as far as needed.
+
+    The marks are filled forward on demand: a read that needs the time of row ``r`` reads the
+    time column from the last known mark up to a little past ``r`` (one time-range query sized
+    from the mean sampling step, widened if it falls short). A sequential pass thus extends the
+    index one block ahead at a time, and the first batch of a 10M-row file costs about as much
+    as the first batch of a small one; a random read far into a file reads the timestamps up
+    to it once.
 
     Args:
-        marks: int64 timestamps of every ``stride``-th row.
         stride: rows between marks.
         num_rows: rows of the group.
-        end_time: timestamp of the group's last row.
+        start_time, end_time: timestamps of the group's first and last row.
+        fetch: ``fetch(t0, t1)`` returns the group's timestamps in ``[t0, t1]`` (int64).
+        name: what to call the group in errors.
+        marks: a complete index loaded from the cache, if any.
     """
 
-    def __init__(self, marks: np.ndarray, stride: int, num_rows: int, end_time: int):
-        self.marks = marks
+    def __init__(self, stride, num_rows, start_time, end_time, fetch, name="", marks=None):
         self.stride = stride
         self.num_rows = num_rows
         self.end_time = end_time
+        self._fetch = fetch
+        self._name = name
+        count = -(-num_rows // stride)
+        if marks is not None:
+            self.marks, self.known = marks, count
+        else:
+            self.marks = np.empty(count, dtype=np.int64)
+            self.marks[0] = start_time
+            self.known = 1
+        self._step = max(1.0, (end_time - start_time) / max(num_rows - 1, 1))
+
+    @property
+    def complete(self) -> bool:
+        return self.known == len(self.marks)
 
     def time_range(self, start: int, stop: int) -> tuple[int, int, int]:
         """Return ``(start_time, end_time, skip)`` covering local rows ``[start, stop)``.
@@ -67,8 +88,36 @@ class TimeIndex:
         """
         first = start // self.stride
         last = -(-stop // self.stride)
+        self._learn(min(last, len(self.marks) - 1))
         end_time = int(self.marks[last]) - 1 if last < len(self.marks) else self.end_time
         return int(self.marks[first]), end_time, start - first * self.stride
+
+    def _learn(self, mark: int) -> None:
+        """Make marks ``0..mark`` known by reading the time column forward."""
+        while self.known <= mark:
+            base = self.known - 1  # the last known mark: its row's time starts the read
+            t0 = int(self.marks[base])
+            rows = (mark - base) * self.stride + 1
+            t1 = min(self.end_time, t0 + int(rows * self._step * 1.25) + 1)
+            times = self._fetch(t0, t1)
+            if not len(times) or times[0] != t0:
+                raise TsFileFormatError(self._damaged(base * self.stride, t0, t1, len(times)))
+            new = times[self.stride :: self.stride]
+            take = min(len(new), len(self.marks) - self.known)
+            self.marks[self.known : self.known + take] = new[:take]
+            self.known += take
+            read_to = base * self.stride + len(times)
+            if t1 >= self.end_time and read_to != self.num_rows:
+                raise TsFileFormatError(self._damaged(base * self.stride, t0, t1, len(times)))
+            if self.known <= mark:
+                self._step *= 2  # sampled more sparsely than the mean here: widen the next read
+
+    def _damaged(self, row: int, t0: int, t1: int, got: int) -> str:
+        return (
+            f"{self._name}: the time column read from row {row} (time {t0}) to time {t1} "
+            f"returned {got} timestamps, which disagrees with the metadata's {self.num_rows} rows "
+            f"ending at {self.end_time}; the file is damaged or changed"
+        )
 
 
 def _cache_path(directory: str, info: FileInfo, group: ReadGroup, stride: int) -> str | None:
@@ -119,44 +168,28 @@ def _save(path: str, marks: np.ndarray) -> None:
         logger.debug("cannot save a timeline index to %s: %s", path, err)
 
 
-def load_or_build(
-    reader,
-    handles: list,
+def open_index(
+    fetch,
     info: FileInfo,
     group: ReadGroup,
     stride: int = DEFAULT_INDEX_STRIDE,
     cache_dir: str | None = None,
 ) -> TimeIndex:
-    """Return the group's :class:`TimeIndex`, from ``cache_dir`` or by reading its time column.
+    """Return the group's :class:`TimeIndex`: complete from ``cache_dir``, else learned lazily.
 
-    Raises:
-        TsFileFormatError: the time column does not hold the rows the metadata promises.
+    ``fetch(t0, t1)`` returns the group's timestamps in ``[t0, t1]``.
     """
-    shard = group.shards[0]
-    expected = -(-group.num_rows // stride)
+    name = f"{info.name}: device {'.'.join(map(str, group.device))}"
     path = _cache_path(cache_dir, info, group, stride) if cache_dir else None
+    expected = -(-group.num_rows // stride)
     marks = _load(path, expected) if path and os.path.exists(path) else None
-    if marks is None:
-        times = query_times(reader, handles[0], group.aligned, shard.start_time, shard.end_time)
-        if len(times) != group.num_rows and group.aligned and len(handles) > 1:
-            # a row whose first field is null may be left out of a one-series query
-            times = _all_series_times(reader, handles, shard.start_time, shard.end_time)
-        if len(times) != group.num_rows:
-            raise TsFileFormatError(
-                f"{info.name}: device {'.'.join(map(str, group.device))} has {len(times)} "
-                f"timestamps in [{shard.start_time}, {shard.end_time}], its metadata says "
-                f"{group.num_rows}; the file is damaged or changed"
-            )
-        marks = np.ascontiguousarray(times[::stride])
-        logger.debug("built a %d-entry timeline index for %s", len(marks), info.name)
-        if path:
-            _save(path, marks)
-    return TimeIndex(marks, stride, group.num_rows, shard.end_time)
+    return TimeIndex(
+        stride, group.num_rows, group.start_time, group.end_time, fetch, name, marks=marks
+    )
 
 
-def _all_series_times(reader, handles, start_time: int, end_time: int) -> np.ndarray:
-    parts = []
-    with reader.query_prepared_multi(list(handles), start_time=start_time, end_time=end_time) as rs:
-        while (batch := rs.read_arrow_record_batch()) is not None:
-            parts.append(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64))
-    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+def save_index(index: TimeIndex, info: FileInfo, group: ReadGroup, cache_dir: str) -> None:
+    """Write a complete index to ``cache_dir`` (atomically) for later processes and runs."""
+    path = _cache_path(cache_dir, info, group, index.stride)
+    if path and index.complete:
+        _save(path, index.marks)

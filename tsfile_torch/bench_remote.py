@@ -1,0 +1,139 @@
+"""Remote-source benchmark: epochs over URL sources (fetch included) beside the same files local.
+
+Per round and worker count, three configurations read the same bytes, one after the other:
+
+- ``remote, empty cache``: a dataset on the URL with a new, empty ``cache_dir``: its first epoch
+  pays the download of every file (the catalog's metadata range reads are timed apart, as
+  ``build``), later epochs read the local copies through readers kept open;
+- ``remote, warm cache``: a second dataset on the URL and the same ``cache_dir``: nothing to
+  fetch (build lists the objects; metadata is read from the copies);
+- ``local copies``: a dataset on the paths of those local copies, no URL involved.
+
+Every epoch's checksum (as :func:`tsfile_torch.bench.checksum`) must be equal across all three.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+
+from .bench import _consume, environment
+from .datasets import TsFileIterableDataset
+from .loader import make_loader
+from .remote import RemoteFile
+
+__all__ = ["run_remote_benchmark", "format_remote_table"]
+
+
+def _epochs(ds, num_workers: int, epochs: int) -> tuple[list[float], list[int], int]:
+    loader = make_loader(ds, num_workers=num_workers)
+    seconds, sums, rows = [], [], 0
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        s, c, rows = _consume(loader)
+        seconds.append(s)
+        sums.append(c)
+    del loader
+    return seconds, sums, rows
+
+
+def run_remote_benchmark(
+    url: str,
+    storage_options: dict | None = None,
+    columns: list[str] | None = None,
+    batch_size: int = 8192,
+    workers: tuple[int, ...] = (0,),
+    epochs: int = 3,
+    rounds: int = 3,
+    read_backend: str = "auto",
+) -> list[dict]:
+    """Time epochs over ``url`` (fetch included) and over the same files local; one record each.
+
+    Raises:
+        RuntimeError: a configuration delivered other values than the first one.
+    """
+    env = environment()
+    records: list[dict] = []
+    expected = None
+    for rnd in range(rounds):
+        for num_workers in workers:
+            with tempfile.TemporaryDirectory(prefix="tsfile-torch-remote-bench-") as cache:
+                common = {
+                    "columns": columns,
+                    "batch_size": batch_size,
+                    "read_backend": read_backend,
+                }
+                remote_kwargs = {"storage_options": storage_options, "cache_dir": cache}
+                runs = []
+                start = time.perf_counter()
+                ds = TsFileIterableDataset(url, **common, **remote_kwargs)
+                build = time.perf_counter() - start
+                files = [f.source for f in ds.catalog.files]
+                nbytes = sum(f.nbytes for f in ds.catalog.files)
+                runs.append(("remote, empty cache", build, *_epochs(ds, num_workers, epochs)))
+                ds.close()
+                start = time.perf_counter()
+                ds = TsFileIterableDataset(url, **common, **remote_kwargs)
+                build = time.perf_counter() - start
+                runs.append(("remote, warm cache", build, *_epochs(ds, num_workers, epochs)))
+                ds.close()
+                local = [f.cache_path if isinstance(f, RemoteFile) else f for f in files]
+                if not all(os.path.exists(p) for p in local):
+                    raise RuntimeError(
+                        "the local copies were evicted during the run; raise cache_limit"
+                    )
+                start = time.perf_counter()
+                ds = TsFileIterableDataset(local, **common)
+                build = time.perf_counter() - start
+                runs.append(("local copies", build, *_epochs(ds, num_workers, epochs)))
+                ds.close()
+            for name, build, seconds, sums, rows in runs:
+                expected = sums[0] if expected is None else expected
+                if any(c != expected for c in sums):
+                    raise RuntimeError(f"{name} delivered other values (checksum mismatch)")
+                records.append(
+                    {
+                        "config": f"{name}, workers={num_workers}",
+                        "source": url,
+                        "round": rnd,
+                        "num_workers": num_workers,
+                        "read_backend": read_backend,
+                        "build_seconds": build,
+                        "epoch_seconds": seconds,
+                        "rows": rows,
+                        "files": len(files),
+                        "nbytes": nbytes,
+                        "batch_size": batch_size,
+                        "checksum_ok": True,
+                        "environment": env,
+                    }
+                )
+    return records
+
+
+def format_remote_table(records: list[dict]) -> str:
+    """Return medians over rounds: build, first epoch, later epochs (min / median)."""
+    names = list(dict.fromkeys(r["config"] for r in records))
+    head = (
+        f"{'configuration':<36} {'build s':>8} {'1st epoch s':>12} {'later s min/med':>16} "
+        f"{'later MB/s':>10}"
+    )
+    lines = [head, "-" * len(head)]
+    for name in names:
+        rs = [r for r in records if r["config"] == name]
+        later = [s for r in rs for s in r["epoch_seconds"][1:]] or [float("nan")]
+        nbytes = rs[0]["nbytes"]
+        lines.append(
+            f"{name:<36} {statistics.median(r['build_seconds'] for r in rs):8.3f} "
+            f"{statistics.median(r['epoch_seconds'][0] for r in rs):12.3f} "
+            f"{min(later):7.3f} /{statistics.median(later):7.3f} "
+            f"{nbytes / statistics.median(later) / 1e6:10.0f}"
+        )
+    first = records[0]
+    lines.append(
+        f"({first['files']} files, {first['nbytes'] / 1e6:.1f} MB of TsFile, {first['rows']:,} "
+        f"rows per epoch, {len({r['round'] for r in records})} rounds; MB/s = file bytes / s)"
+    )
+    return "\n".join(lines)

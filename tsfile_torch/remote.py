@@ -1,0 +1,457 @@
+"""Remote sources: fsspec URLs (``s3://``, ``gs://``, ``memory://``...) read through a local cache.
+
+Note: remote sources. A URL source is listed / globbed with fsspec when the dataset is built and
+becomes one :class:`RemoteFile` per object: URL, size and version (ETag, generation or mtime,
+whatever the store reports). Then:
+
+- **Catalog (the process that builds the dataset)**: the TsFile metadata is read through an
+  fsspec file object with range reads. tsfile reads the 6-byte head and the metadata at the tail
+  of the file (~2 KiB for a few dozen series); with :data:`METADATA_BLOCK` blocks that is about
+  two ranged GETs per file, whatever the file size. A file already in the cache is read locally:
+  no request at all.
+- **Reads (each process that reads: the main process with ``num_workers=0``, each DataLoader
+  worker, each DDP rank)**: the first time a process opens a file (see ``BatchReader._reader``),
+  :func:`local_source` downloads the whole object into ``cache_dir`` and the dataset's read
+  backend (mmap / pread) reads that local copy like any local file. A process opens only the
+  files its rows need, so a worker or rank whose share lies in some files fetches only those.
+  Later epochs reuse the open reader; a reopen finds the local copy: no request.
+
+This is what LitData and MosaicML Streaming do for their shards (download to a local cache,
+then memory-map; a bounded cache evicts the least recently used). We follow them and differ in:
+
+- the cache key is the URL *and* the object's version and size, so a changed object gets a new
+  local copy (their shard names are immutable by construction; TsFiles are not);
+- one download per file across processes through an ``fcntl`` lock on ``<copy>.lock`` (released
+  by the kernel if a process dies: no stale lock files to clean up, unlike LitData's
+  ``FileLock(..., timeout=0)``), written to ``<copy>.part.<pid>`` and published with an atomic
+  ``os.replace`` (as Streaming does), so a reader never sees a partial file;
+- the object's version is checked against the catalog before download: an object changed after
+  the dataset was built is an error, never a mix of old metadata and new data.
+
+Size bound (``cache_limit`` bytes, default :data:`DEFAULT_CACHE_LIMIT`): before a download, under
+a cache-wide lock, least recently used copies are deleted until the new file fits. Deleting a
+copy that another process has open or mapped is safe on POSIX (the data stays until closed); that
+process fetches it again the next time it opens it. Downloads of different files that run at
+once each reserve their size first, so the bound holds for finished and in-flight files.
+
+``file://`` URLs are plain local paths: read in place, no copy, no fsspec needed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fnmatch
+import glob as _glob
+import hashlib
+import logging
+import os
+import re
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+from .errors import RemoteError
+
+__all__ = [
+    "DEFAULT_CACHE_LIMIT",
+    "RemoteFile",
+    "RemoteOptions",
+    "default_cache_dir",
+    "expand_url",
+    "file_url_path",
+    "is_url",
+    "local_path",
+    "local_source",
+    "open_metadata",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Default bound of the local copies: 100 GiB (LitData's default ``max_cache_size``).
+DEFAULT_CACHE_LIMIT = 100 * 2**30
+#: Block of the range reads that fetch a remote file's metadata (head and tail).
+METADATA_BLOCK = 256 * 2**10
+#: Bytes per request when downloading a file into the cache.
+DOWNLOAD_BLOCK = 32 * 2**20
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+_VERSION_KEYS = ("ETag", "etag", "generation", "md5Hash", "mtime", "LastModified", "created")
+_EXTRA_HINT = "pip install 'tsfile-torch[remote]'"
+
+
+def default_cache_dir() -> str:
+    """Return ``~/.cache/tsfile-torch/remote``, where remote files are copied by default."""
+    return os.path.join(os.path.expanduser("~"), ".cache", "tsfile-torch", "remote")
+
+
+def is_url(source: object) -> bool:
+    """Return True when ``source`` is a str of the form ``protocol://...``."""
+    return isinstance(source, str) and bool(_URL.match(source))
+
+
+@dataclass(frozen=True)
+class RemoteOptions:
+    """How remote sources are reached and cached.
+
+    Attributes:
+        storage_options: keyword arguments of the fsspec filesystem (credentials, endpoint:
+            ``{"key": ..., "secret": ..., "endpoint_url": ...}`` for s3fs).
+        cache_dir: where local copies live (``None``: :func:`default_cache_dir`).
+        cache_limit: bytes of local copies kept before the least recently used are deleted.
+    """
+
+    storage_options: Mapping[str, Any] | None = field(default=None, hash=False)
+    cache_dir: str | None = None
+    cache_limit: int = DEFAULT_CACHE_LIMIT
+
+    def __post_init__(self):
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise TypeError(
+                f"storage_options must be a dict of fsspec filesystem arguments or None; got "
+                f"{self.storage_options!r}"
+            )
+        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
+            raise TypeError(f"cache_dir must be a path or None; got {self.cache_dir!r}")
+        limit = self.cache_limit
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
+            raise ValueError(
+                f"cache_limit should be a positive integer value (bytes), but got "
+                f"cache_limit={limit!r}"
+            )
+        if self.cache_dir is not None:
+            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        object.__setattr__(self, "storage_options", dict(self.storage_options or {}))
+
+    @property
+    def directory(self) -> str:
+        return self.cache_dir or default_cache_dir()
+
+
+@dataclass(frozen=True)
+class RemoteFile:
+    """One remote object as listed when the dataset was built. Picklable, no handles."""
+
+    url: str
+    nbytes: int
+    version: str
+    options: RemoteOptions = field(default_factory=RemoteOptions, repr=False, compare=False)
+
+    @property
+    def name(self) -> str:
+        """The URL (what error messages and ``FileInfo.name`` show)."""
+        return self.url
+
+    @property
+    def protocol(self) -> str:
+        return self.url.split("://", 1)[0]
+
+    @property
+    def cache_path(self) -> str:
+        """Local copy: ``<cache_dir>/<hash of URL>-<hash of version and size>-<basename>``."""
+        url_key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        ver_key = hashlib.sha256(f"{self.version}\0{self.nbytes}".encode()).hexdigest()[:12]
+        base = os.path.basename(self.url.rstrip("/")) or "object"
+        return os.path.join(self.options.directory, f"{url_key}-{ver_key}-{base}")
+
+
+# -- fsspec access ----------------------------------------------------------------------------
+def _filesystem(url: str, options: RemoteOptions):
+    """Return the fsspec filesystem for ``url`` (cached per process by fsspec itself)."""
+    try:
+        import fsspec
+    except ImportError as err:
+        raise RemoteError(
+            f"{url}: reading URLs needs fsspec, which is not installed; {_EXTRA_HINT} "
+            f"(fsspec + s3fs; for gs:// also pip install gcsfs)"
+        ) from err
+    protocol = url.split("://", 1)[0]
+    try:
+        return fsspec.filesystem(protocol, **options.storage_options)
+    except (ImportError, ValueError) as err:  # ValueError: protocol unknown to fsspec
+        raise RemoteError(
+            f"{url}: fsspec cannot open {protocol}:// URLs ({err}); {_EXTRA_HINT} installs "
+            f"s3fs for s3://, other stores need their fsspec package (gcsfs for gs://...)"
+        ) from err
+    except TypeError as err:
+        raise RemoteError(
+            f"{url}: storage_options {sorted(options.storage_options)} are not accepted by "
+            f"the {protocol}:// filesystem ({err})"
+        ) from err
+
+
+def _remote_error(url: str, action: str, err: BaseException) -> RemoteError:
+    """Turn an fsspec / store error into one message naming the URL, the cause and the fix."""
+    text = f"{type(err).__name__}: {err}"
+    if isinstance(err, FileNotFoundError):
+        why = "no such bucket, prefix or object; check the URL"
+    elif isinstance(err, PermissionError) or re.search(
+        r"AccessDenied|InvalidAccessKeyId|SignatureDoesNotMatch|Forbidden|credential|403",
+        text,
+        re.IGNORECASE,
+    ):
+        why = "access denied; check the credentials passed in storage_options (or the environment)"
+    else:
+        why = "the store could not be reached or refused the request; check the endpoint"
+    return RemoteError(f"{url}: cannot {action} ({text}); {why}")
+
+
+def _version(info: Mapping[str, Any]) -> str:
+    for key in _VERSION_KEYS:
+        value = info.get(key)
+        if value not in (None, ""):
+            if hasattr(value, "timestamp"):  # a datetime (listings give floats, info datetimes)
+                value = value.timestamp()
+            return str(value).strip('"')
+    return ""
+
+
+def _full_url(protocol: str, path: str) -> str:
+    return path if is_url(path) else f"{protocol}://{path}"
+
+
+def _entry(protocol: str, info: Mapping[str, Any], options: RemoteOptions) -> RemoteFile:
+    return RemoteFile(
+        _full_url(protocol, info["name"]), int(info.get("size") or 0), _version(info), options
+    )
+
+
+def expand_url(url: str, options: RemoteOptions | None = None) -> list[RemoteFile]:
+    """Expand one URL into remote files, sorted: an object, a "directory" or a glob pattern.
+
+    A directory (or bucket / prefix) gives its ``*.tsfile`` objects (not recursive, like a local
+    directory); a glob its matching objects. (``file://`` URLs are local paths: see
+    :func:`file_url_path`.)
+
+    Raises:
+        RemoteError: fsspec (or the store's package) is missing, the bucket / object does not
+            exist, access is denied, or nothing matches.
+    """
+    options = options or RemoteOptions()
+    fs = _filesystem(url, options)
+    protocol = url.split("://", 1)[0]
+    path = fs._strip_protocol(url)
+    fs.invalidate_cache()  # a listing cached by an earlier dataset may be stale
+    try:
+        if _glob.has_magic(path):
+            found = fs.glob(path, detail=True)
+            files = [i for i in found.values() if i.get("type") == "file"]
+            if not files:
+                root = re.split(r"[*?\[]", path, maxsplit=1)[0].rsplit("/", 1)[0] or path
+                fs.info(root)  # raises for a missing bucket / prefix: the clearer message
+                raise RemoteError(f"{url}: glob pattern matches no objects")
+        else:
+            info = fs.info(path)
+            if info.get("type") == "directory":
+                found = fs.ls(path, detail=True)
+                files = [
+                    i
+                    for i in found
+                    if i.get("type") == "file" and fnmatch.fnmatch(i["name"], "*.tsfile")
+                ]
+                if not files:
+                    raise RemoteError(
+                        f"{url}: holds no *.tsfile objects; point at a prefix of TsFiles, an "
+                        f"object, or a glob pattern"
+                    )
+            else:
+                files = [info]
+    except RemoteError:
+        raise
+    except Exception as err:
+        raise _remote_error(url, "list", err) from err
+    return sorted((_entry(protocol, i, options) for i in files), key=lambda r: r.url)
+
+
+def file_url_path(url: str) -> str:
+    """Return the local path (or glob) of a ``file://`` URL."""
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise RemoteError(f"{url}: a file:// URL names a local path: file:///abs/path")
+    return unquote(parsed.path)
+
+
+@contextlib.contextmanager
+def open_metadata(remote: RemoteFile) -> Iterator[Any]:
+    """Yield a seekable binary file of ``remote`` for reading its metadata (range reads).
+
+    A file already in the cache is opened locally instead (no request).
+    """
+    local = remote.cache_path
+    if os.path.exists(local):
+        with open(local, "rb") as fh:
+            yield fh
+        return
+    fs = _filesystem(remote.url, remote.options)
+    try:
+        fh = fs.open(
+            remote.url,
+            "rb",
+            block_size=METADATA_BLOCK,
+            cache_type="blockcache",
+            size=remote.nbytes,
+        )
+    except Exception as err:
+        raise _remote_error(remote.url, "open", err) from err
+    with fh:
+        yield fh
+
+
+# -- the local cache --------------------------------------------------------------------------
+@contextlib.contextmanager
+def _locked(path: str) -> Iterator[None]:
+    """Hold an exclusive ``fcntl`` lock on ``path`` (created if absent) across processes."""
+    import fcntl
+
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def _copies(directory: str) -> list[tuple[float, int, str]]:
+    """Return (last use, bytes, path) of every copy and in-flight download in ``directory``."""
+    out = []
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.name.endswith(".lock") or entry.name.startswith("."):
+                continue
+            try:
+                st = entry.stat()
+            except FileNotFoundError:
+                continue
+            out.append((st.st_mtime, st.st_size, entry.path))
+    return out
+
+
+def _alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _make_room(remote: RemoteFile) -> None:
+    """Delete least recently used copies until ``remote`` fits in the cache limit."""
+    directory, limit = remote.options.directory, remote.options.cache_limit
+    copies = _copies(directory)
+    used = sum(size for _, size, _ in copies)
+    if used + remote.nbytes <= limit:
+        return
+    for _, size, path in sorted(copies):
+        if ".part." in os.path.basename(path) and _alive(path.rsplit(".part.", 1)[1]):
+            continue  # another process is downloading it (a dead one's part is deleted)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            logger.debug("cache full: deleted %s (%d bytes)", path, size)
+            used -= size
+        if used + remote.nbytes <= limit:
+            return
+    if remote.nbytes > limit:
+        logger.warning(
+            "%s: %d bytes exceed cache_limit=%d; kept anyway (raise cache_limit)",
+            remote.url,
+            remote.nbytes,
+            limit,
+        )
+
+
+def _drop_old_versions(remote: RemoteFile) -> None:
+    prefix = os.path.basename(remote.cache_path).split("-", 1)[0] + "-"
+    keep = os.path.basename(remote.cache_path)
+    for name in os.listdir(remote.options.directory):
+        if name.startswith(prefix) and name != keep and ".part." not in name:
+            if not name.endswith(".lock"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(os.path.join(remote.options.directory, name))
+
+
+def _download(remote: RemoteFile, target: str) -> None:
+    fs = _filesystem(remote.url, remote.options)
+    part = f"{target}.part.{os.getpid()}"
+    try:
+        fs.invalidate_cache(fs._strip_protocol(remote.url))  # ask the store, not a listing
+        # without size=, fsspec's buffered files look the object up once (s3fs: one HEAD, then
+        # every GET carries If-Match with that ETag, so the bytes are that version's)
+        with (
+            fs.open(remote.url, "rb", block_size=DOWNLOAD_BLOCK, cache_type="none") as src,
+            open(part, "r+b") as dst,  # created at full size by fetch: space reserved
+        ):
+            info = getattr(src, "details", None) or fs.info(remote.url)
+            version, nbytes = _version(info), int(info.get("size") or 0)
+            if (version, nbytes) != (remote.version, remote.nbytes):
+                raise RemoteError(
+                    f"{remote.url}: object changed since the dataset was built (version "
+                    f"{remote.version!r} -> {version!r}, size {remote.nbytes} -> {nbytes}); "
+                    f"objects must not change while a dataset reads them: rebuild the dataset"
+                )
+            shutil.copyfileobj(src, dst, DOWNLOAD_BLOCK)
+            got = dst.tell()
+        if got != remote.nbytes:
+            raise RemoteError(
+                f"{remote.url}: downloaded {got} bytes, the store listed {remote.nbytes}; the "
+                f"object changed during the download: rebuild the dataset"
+            )
+        os.replace(part, target)
+    except RemoteError:
+        raise
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise RemoteError(
+                f"{remote.url}: no space left in cache_dir={remote.options.directory!r}; "
+                f"lower cache_limit or point cache_dir at a larger disk"
+            ) from err
+        raise _remote_error(remote.url, "fetch", err) from err
+    except Exception as err:
+        raise _remote_error(remote.url, "fetch", err) from err
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(part)
+
+
+def fetch(remote: RemoteFile) -> str:
+    """Return the path of the local copy of ``remote``, downloading it once across processes."""
+    target = remote.cache_path
+    if os.path.exists(target):
+        with contextlib.suppress(OSError):
+            os.utime(target)  # last use, for least-recently-used eviction
+        return target
+    directory = remote.options.directory
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except OSError as err:
+        raise RemoteError(
+            f"{remote.url}: cannot create cache_dir={directory!r} ({err}); pass a writable "
+            f"cache_dir"
+        ) from err
+    with _locked(target + ".lock"):
+        if os.path.exists(target):  # another process fetched it while we waited
+            return target
+        with _locked(os.path.join(directory, ".cache.lock")):
+            _make_room(remote)
+            with open(f"{target}.part.{os.getpid()}", "wb") as part:
+                part.truncate(remote.nbytes)  # counted by _make_room in other processes
+        logger.debug("fetching %s (%d bytes) into %s", remote.url, remote.nbytes, target)
+        _download(remote, target)
+    with contextlib.suppress(OSError):
+        _drop_old_versions(remote)
+    return target
+
+
+def local_path(source):
+    """Return ``source`` itself, or for a :class:`RemoteFile` where its local copy lives."""
+    return source.cache_path if isinstance(source, RemoteFile) else source
+
+
+def local_source(source):
+    """Return ``source`` itself, or for a :class:`RemoteFile` the path of its local copy."""
+    if isinstance(source, RemoteFile):
+        return fetch(source)
+    return source

@@ -1,0 +1,361 @@
+"""Scale benchmark: how tsfile-torch behaves on real file sizes (``tsfile-torch bench --scale``).
+
+Axes (each generated once under ``data_dir``; every cell runs in a fresh subprocess so its peak
+RSS and open file descriptors are its own, under ``ulimit -n 1024``):
+
+- rows per file (1 device x 8 DOUBLE): 131,072 / 2M / 10M: streaming epoch cost per row, first
+  batch latency, peak RSS; random 8,192-row windows: cost per window;
+- number of files (20,000 rows each, one device continued across day files): 10 / 1,000 /
+  10,000: epoch cost per row, peak open fds, dataset build time beside TsFileDataFrame's;
+- columns at a fixed total of values (8 files x 1 / 16 / 128 devices x 8 DOUBLE, 131,072 /
+  8,192 / 1,024 rows): cost per value, peak RSS;
+- the seed workload (8 x 131,072 x 8): a streaming epoch against the tsfile decode floor (every
+  file's series read whole on 2 threads, Arrow batches only, no copies) in the same run.
+
+Timing uses ``time.perf_counter``; results are ratios between cells of the same run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+from tqdm import tqdm
+
+from . import synthetic
+
+__all__ = ["run_scale", "format_scale"]
+
+ROWS_AXIS = (131072, 2_000_000, 10_000_000)
+FILES_AXIS = (10, 1000, 10000)
+COLUMN_AXIS = ((1, 131072), (16, 8192), (128, 1024))  # devices per file, rows
+QUICK_ROWS, QUICK_FILES, QUICK_COLUMNS = (131072, 524288), (10, 100), ((1, 8192), (8, 1024))
+
+
+def _generate(data_dir: str, quick: bool) -> dict[str, dict]:
+    """Write every axis's datasets (once); return name -> {path, axis, size, rows, values}."""
+    rows_axis = QUICK_ROWS if quick else ROWS_AXIS
+    files_axis = QUICK_FILES if quick else FILES_AXIS
+    col_axis = QUICK_COLUMNS if quick else COLUMN_AXIS
+    sets = {}
+    for n in rows_axis:
+        sets[f"rows-{n}"] = dict(axis="rows", size=n, spec=("table", 1, 1, 8, n), rows=n)
+    for f in files_axis:
+        sets[f"files-{f}"] = dict(
+            axis="files", size=f, spec=("days", f, 1, 1, 20000), rows=f * 20000
+        )
+    for devices, n in col_axis:
+        sets[f"columns-{8 * devices * 8}"] = dict(
+            axis="columns", size=64 * devices, spec=("table", 8, devices, 8, n), rows=n
+        )
+    sets["seed"] = dict(axis="seed", size=64, spec=("table", 8, 1, 8, 131072), rows=131072)
+    for name, s in tqdm(sets.items(), desc="generating data", unit="set"):
+        path = os.path.join(data_dir, name)
+        s["path"] = path
+        marker = os.path.join(path, ".complete")
+        if os.path.exists(marker):
+            continue
+        kind, files, devices, fields, rows = s["spec"]
+        if kind == "days":
+            spec = synthetic.DatasetSpec(1, devices, fields, rows)
+            for f in tqdm(range(files), desc=name, leave=False, disable=files < 100):
+                synthetic.write_table_files(path, spec, row_offset=f * rows, prefix=f"day{f:05d}-")
+        else:
+            synthetic.write_table_files(path, synthetic.DatasetSpec(files, devices, fields, rows))
+        with open(marker, "w", encoding="utf-8") as fh:
+            fh.write(name)
+    return sets
+
+
+# -- cells: each runs in its own process --------------------------------------------------
+
+
+def _fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def _peak_rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _anon_rss_mib() -> float:
+    """Anonymous resident memory (heap, decode buffers), without mapped file pages."""
+    with open("/proc/self/status", encoding="ascii") as fh:
+        for line in fh:
+            if line.startswith("RssAnon:"):
+                return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def _cell_stream(
+    path: str, batch_size: int, epochs: int, random_windows: int, read_backend: str = "auto"
+) -> dict:
+    import torch
+
+    from .datasets import TsFileIterableDataset
+
+    t = time.perf_counter()
+    ds = TsFileIterableDataset(
+        path,
+        batch_size=batch_size,
+        dtype=torch.float32,
+        index_cache=False,
+        read_backend=read_backend,
+    )
+    build = time.perf_counter() - t
+    out = {"build_s": build, "epoch_s": [], "num_rows": ds.num_rows}
+    out["num_values"] = ds.num_rows * len(ds.columns)
+    peak_fds, peak_anon, checksum = _fds(), _anon_rss_mib(), 0.0
+    for epoch in range(epochs):
+        ds.set_epoch(epoch)
+        t = time.perf_counter()
+        for i, batch in enumerate(ds):
+            if epoch == 0 and i == 0:
+                out["first_batch_s"] = time.perf_counter() - t
+            checksum += float(batch[::97].sum())
+            if i % 8 == 0:
+                peak_fds = max(peak_fds, _fds())
+                peak_anon = max(peak_anon, _anon_rss_mib())
+        out["epoch_s"].append(time.perf_counter() - t)
+    if random_windows:
+        ds.set_random_batches(random_windows)
+        for epoch in range(2):  # the first random epoch learns the rest of the index
+            ds.set_epoch(epochs + epoch)
+            t = time.perf_counter()
+            for batch in ds:
+                checksum += float(batch[::97].sum())
+            out.setdefault("random_s", []).append(time.perf_counter() - t)
+        out["random_windows"] = random_windows
+    out.update(
+        peak_fds=peak_fds,
+        peak_rss_mib=_peak_rss_mib(),
+        peak_anon_mib=peak_anon,
+        checksum=checksum,
+        read_backend=read_backend,
+    )
+    return out
+
+
+def _cell_dataframe(path: str, batch_size: int, budget_s: float) -> dict:
+    from tsfile import TsFileDataFrame
+
+    from .catalog import build_catalog
+
+    names = build_catalog(path).column_names
+    files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".tsfile"))
+    t = time.perf_counter()
+    frame = TsFileDataFrame(files, show_progress=False)
+    out = {"build_s": time.perf_counter() - t}
+    try:
+        t0 = time.perf_counter()
+        rows = 0
+        # timestamps are 0.. (row numbers) in every generated set: batch b is [b*bs, (b+1)*bs)
+        total = int(json.loads(os.environ.get("TSFT_ROWS", "0")))
+        for start in range(0, total, batch_size):
+            part = frame.loc[start : min(start + batch_size, total) - 1, names]
+            rows += len(part)
+            if time.perf_counter() - t0 > budget_s:
+                out["unfinished_after_s"] = time.perf_counter() - t0
+                out["rows_done"] = rows
+                return out
+        out["epoch_s"] = time.perf_counter() - t0
+    finally:
+        frame.close()
+    return out
+
+
+def _cell_floor(path: str) -> dict:
+    """Read every file's series whole on 2 threads, Arrow batches only (tsfile's floor)."""
+    from .backend import open_reader
+    from .catalog import build_catalog
+    from .native import prepare_handles, query
+
+    catalog = build_catalog(path)
+
+    def one(group):
+        info = catalog.files[group.file_index]
+        reader, _ = open_reader(info.source, "auto", check_mapped=False)
+        try:
+            handles = prepare_handles(
+                reader, group.file_index, info.nbytes, info.name, group.shards
+            )
+            n = 0
+            for result in query(reader, handles, group.aligned, group.start_time, group.end_time):
+                with result:
+                    while (b := result.read_arrow_record_batch()) is not None:
+                        n += b.num_rows
+            return n
+        finally:
+            reader.close()
+
+    seconds = []
+    with ThreadPoolExecutor(2) as pool:
+        for _ in range(3):
+            t = time.perf_counter()
+            list(pool.map(one, catalog.groups))
+            seconds.append(time.perf_counter() - t)
+    return {"floor_s": seconds}
+
+
+def _run_cell(kind: str, timeout: float, **kwargs) -> dict:
+    env = dict(os.environ, TSFT_ROWS=json.dumps(kwargs.pop("rows", 0)))
+    code = (
+        "import json, resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))\n"
+        "from tsfile_torch import scale\n"
+        f"print(json.dumps(scale._cell_{kind}(**json.loads(sys.argv[1]))))\n"
+    )
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(kwargs)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"did not finish in {timeout:.0f} s"}
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def run_scale(data_dir: str, quick: bool = False, dataframe_budget_s: float = 60.0) -> list[dict]:
+    """Generate (once) and measure every axis; return one record per dataset."""
+    os.makedirs(data_dir, exist_ok=True)
+    sets = _generate(data_dir, quick)
+    records = []
+    for name, s in tqdm(sets.items(), desc="measuring", unit="set"):
+        batch = 8192 if s["axis"] in ("rows", "seed", "files") else max(64, s["rows"] // 16)
+        random = 64 if s["axis"] == "rows" else 0
+        rec = {"name": name, "axis": s["axis"], "size": s["size"], "batch_size": batch}
+        rec["ours"] = _run_cell(
+            "stream", 1800, path=s["path"], batch_size=batch, epochs=3, random_windows=random
+        )
+        if s["axis"] == "files":  # pread keeps a descriptor per open reader: the fd bound
+            rec["ours_pread"] = _run_cell(
+                "stream",
+                1800,
+                path=s["path"],
+                batch_size=batch,
+                epochs=2,
+                random_windows=0,
+                read_backend="pread",
+            )
+        if s["axis"] in ("rows", "files") or name == "seed":
+            rec["dataframe"] = _run_cell(
+                "dataframe",
+                dataframe_budget_s * 3,
+                path=s["path"],
+                batch_size=batch,
+                budget_s=dataframe_budget_s,
+                rows=s["rows"],
+            )
+        if name == "seed" or s["axis"] in ("rows", "columns"):
+            rec["floor"] = _run_cell("floor", 600, path=s["path"])
+        records.append(rec)
+    return records
+
+
+def _per(rec: dict, key: str = "num_rows") -> float:
+    ours = rec["ours"]
+    return float(np.median(ours["epoch_s"][1:])) / ours[key]
+
+
+def format_scale(records: list[dict]) -> str:
+    """Return a Markdown table of the records and the issue's target ratios."""
+    lines = [
+        "| set | build s (ours / DataFrame) | first batch s | steady epoch s | ns per row | "
+        "ns per value | decode floor ns per value | random window ms | peak RSS MiB (anon) | "
+        "peak fds (pread) |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    by = {r["name"]: r for r in records}
+    for r in records:
+        o = r["ours"]
+        if "error" in o:
+            lines.append(f"| {r['name']} | error: {o['error']} | | | | | | | | |")
+            continue
+        df = r.get("dataframe", {})
+        df_build = f"{df['build_s']:.2f}" if "build_s" in df else "-"
+        rnd = f"{1000 * o['random_s'][-1] / o['random_windows']:.2f}" if "random_s" in o else "-"
+        fl = r.get("floor", {})
+        floor = f"{1e9 * min(fl['floor_s']) / o['num_values']:.2f}" if "floor_s" in fl else "-"
+        pread_fds = r.get("ours_pread", {}).get("peak_fds", "-")
+        lines.append(
+            f"| {r['name']} | {o['build_s']:.3f} / {df_build} | {o['first_batch_s']:.4f} | "
+            f"{np.median(o['epoch_s'][1:]):.3f} | {1e9 * _per(r):.1f} | "
+            f"{1e9 * _per(r, 'num_values'):.2f} | {floor} | {rnd} | {o['peak_rss_mib']:.0f} "
+            f"({o['peak_anon_mib']:.0f}) | {o['peak_fds']} ({pread_fds}) |"
+        )
+    lines.append("")
+    lines.append("Targets (ratios from this run):")
+    rows = sorted((r for r in records if r["axis"] == "rows"), key=lambda r: r["size"])
+    if len(rows) >= 2 and all("error" not in r["ours"] for r in rows):
+        lo, hi = rows[0], rows[-1]
+        lines.append(
+            f"- epoch cost per row, {hi['size']:,} vs {lo['size']:,} rows: "
+            f"{_per(hi) / _per(lo):.2f}x (target <= 1.3x)"
+        )
+        lines.append(
+            f"- first batch, {hi['size']:,} vs {lo['size']:,}: "
+            f"{hi['ours']['first_batch_s'] / lo['ours']['first_batch_s']:.2f}x (target <= 2x)"
+        )
+        lines.append(
+            f"- random window cost, {hi['size']:,} vs {lo['size']:,}: "
+            f"{hi['ours']['random_s'][-1] / lo['ours']['random_s'][-1]:.2f}x (target <= 1.5x)"
+        )
+        lines.append(
+            f"- peak RSS {lo['ours']['peak_rss_mib']:.0f} -> {hi['ours']['peak_rss_mib']:.0f} MiB "
+            f"(mapped file pages count in RSS under mmap); anonymous memory "
+            f"{lo['ours']['peak_anon_mib']:.0f} -> {hi['ours']['peak_anon_mib']:.0f} MiB"
+        )
+    files = sorted((r for r in records if r["axis"] == "files"), key=lambda r: r["size"])
+    if len(files) >= 2 and all("error" not in r["ours"] for r in files):
+        lo, hi = files[0], files[-1]
+        lines.append(
+            f"- epoch cost per row, {hi['size']:,} vs {lo['size']:,} files: "
+            f"{_per(hi) / _per(lo):.2f}x (target <= 1.3x); peak fds at {hi['size']:,} files: "
+            f"{hi['ours']['peak_fds']} with auto, "
+            f"{hi.get('ours_pread', {}).get('peak_fds', '-')} with pread "
+            f"(target <= max_open_files + 16 = 144)"
+        )
+        df = hi.get("dataframe", {})
+        if "build_s" in df:
+            lines.append(
+                f"- build at {hi['size']:,} files: {hi['ours']['build_s']:.2f} s vs "
+                f"TsFileDataFrame {df['build_s']:.2f} s (target: not slower)"
+            )
+    cols = sorted((r for r in records if r["axis"] == "columns"), key=lambda r: r["size"])
+    if cols and all("error" not in r["ours"] for r in cols):
+        per_value = ", ".join(f"{r['size']}: {1e9 * _per(r, 'num_values'):.2f} ns" for r in cols)
+        lines.append(f"- cost per value by columns: {per_value} (target: flat or falling)")
+    seed = by.get("seed")
+    if seed and "floor" in seed and "error" not in seed["floor"] and "error" not in seed["ours"]:
+        floor = min(seed["floor"]["floor_s"])
+        steady = float(np.median(seed["ours"]["epoch_s"][1:]))
+        lines.append(
+            f"- seed workload: streaming epoch {steady:.3f} s vs decode floor {floor:.3f} s = "
+            f"{steady / floor:.2f}x (target <= 1.15x)"
+        )
+    for r in records:
+        df = r.get("dataframe", {})
+        if "epoch_s" in df and "error" not in r["ours"]:
+            ours = float(np.median(r["ours"]["epoch_s"][1:]))
+            lines.append(
+                f"- {r['name']}: TsFileDataFrame epoch / ours = {df['epoch_s'] / ours:.1f}x"
+            )
+        elif "unfinished_after_s" in df:
+            lines.append(
+                f"- {r['name']}: TsFileDataFrame read {df['rows_done']:,} rows in "
+                f"{df['unfinished_after_s']:.0f} s and was stopped"
+            )
+        elif "error" in df:
+            lines.append(f"- {r['name']}: TsFileDataFrame: {df['error']}")
+    return "\n".join(lines)
