@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
+import torch
 
 from tsfile_torch import TsFileIterableDataset, synthetic
 from tsfile_torch.cli import main
@@ -120,3 +122,17 @@ def test_scale_benchmark_quick_run_reports_every_target(tmp_path):
         "decode floor",
     ):
         assert needle in table
+
+
+def test_checksum_sees_rows_and_columns_moved(tiny_dir):
+    from tsfile_torch.bench import checksum
+
+    batch = torch.cat(list(TsFileIterableDataset(tiny_dir, batch_size=3000))).numpy()[:500]
+    base = checksum(batch)
+    assert checksum(batch.copy()) == base
+    assert checksum(batch[[1, 0, *range(2, 500)]]) != base  # two rows swapped
+    assert checksum(batch[:, [1, 0, 2, 3]]) != base  # two columns swapped
+    assert checksum(np.roll(batch, 1, axis=0)) != base  # a window shifted by one row
+    other = batch.copy()
+    other[7, 2], other[9, 3] = other[9, 3], other[7, 2]  # two values traded places
+    assert checksum(other) != base

@@ -40,3 +40,12 @@ def test_notebook_cells_run_in_order(tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert "epoch 1: 3 batches of" in out and "backends in use" in out
     assert "loss" in out
+
+
+def test_readme_resume_example_runs_as_written(tmp_path, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its mkdtemp lands in tmp_path
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    block = readme.split("<!-- resume-example")[1].split("```python\n")[1].split("```")[0]
+    exec(compile(block, "README.md resume example", "exec"), {"__name__": "readme"})

@@ -85,7 +85,7 @@ class _TsFileBase:
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
         self._warn_if_batch_exceeds_cache()
-        # the epoch word (see the note in sampling): epoch of the latest pass, set_epoch, pass key
+        # the epoch word (see the note in sampling): latest epoch, set_epoch flag, claimer
         self._epoch = sharedctypes.RawValue("q", sampling.pack_epoch_word(-1, False, 0))
         # -1: options.random_batches decides; 0: full passes; N > 0: N random windows
         self._random = sharedctypes.RawValue("q", -1)
@@ -189,16 +189,23 @@ class _TsFileBase:
         epoch = sampling.unpack_epoch_word(int(self._epoch.value))[0]
         return None if epoch < 0 else epoch
 
-    def _claim_epoch(self, key: int, leader: bool) -> int:
-        """Return the epoch of a new pass; the leader records it (see the note in sampling)."""
-        epoch, word = sampling.claim_epoch(int(self._epoch.value), key)
+    def _claim_epoch(self, tag: int, leader: bool) -> int:
+        """Return the epoch of a new pass; the leader records it (see the note in sampling).
+
+        ``tag`` 0 is a pass of the main process (always its own leader).
+        """
+        word = sampling.unpack_epoch_word(int(self._epoch.value))
+        if not leader and tag == word.tag and _alive(word.pid):
+            return word.epoch  # this pass's worker 0 has claimed it already
+        epoch = sampling.next_epoch(word)
         if leader:
-            self._epoch.value = word
+            self._record_epoch(epoch, tag)
         return epoch
 
-    def _record_epoch(self, epoch: int, key: int = 0) -> None:
-        """Record that a resumed pass runs ``epoch``: the next pass is ``epoch + 1``."""
-        self._epoch.value = sampling.pack_epoch_word(epoch, False, key)
+    def _record_epoch(self, epoch: int, tag: int = 0) -> None:
+        """Record that pass ``tag`` of this process runs ``epoch``; the next is ``epoch + 1``."""
+        pid = os.getpid() if tag else 0
+        self._epoch.value = sampling.pack_epoch_word(epoch, False, pid, tag)
 
     def _layout(self) -> list:
         o = self.options
@@ -304,6 +311,21 @@ class _TsFileBase:
             f"columns, {self.num_rows} rows, batch_size={o.batch_size}, "
             f"read_backend={o.read_backend!r}, cache={o.cache!r})"
         )
+
+
+def _alive(pid: int) -> bool:
+    """Return whether process ``pid`` (masked as in the epoch word) runs now; 0 never does."""
+    if pid == 0:
+        return False
+    if os.name != "posix":  # os.kill(pid, 0) would terminate it on Windows: trust the tag alone
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 #: Largest integer magnitude below which every integer is exact in each float dtype (2**mantissa).
@@ -480,13 +502,13 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
         info = tud.get_worker_info()
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._passes += 1
-        key = 0 if info is None else sampling.pass_key(info.seed - info.id, self._passes)
+        tag = 0 if info is None else sampling.pass_tag(info.seed - info.id, self._passes)
         if self._resume is not None:
             epoch, position = self._take_resume(worker, num_workers)
             if worker == 0:
-                self._record_epoch(epoch, key)
+                self._record_epoch(epoch, tag)
         else:
-            epoch, position = self._claim_epoch(key, leader=worker == 0), 0
+            epoch, position = self._claim_epoch(tag, leader=worker == 0), 0
         self._pass, self._position = (epoch, worker, num_workers), position
         items = self.items_for(epoch, self.rank, self.world_size, worker, num_workers)
         return self._generate(epoch, items, worker, num_workers)

@@ -125,7 +125,12 @@ def make_loader(
 
 
 def saved_num_workers(state: dict) -> int:
-    """Return the ``num_workers`` of the StatefulDataLoader that saved ``state``."""
+    """Return the ``num_workers`` of the StatefulDataLoader that saved ``state``.
+
+    Reads torchdata 0.11's state layout (the version the ``resume`` extra pins): a
+    multi-process state has ``_snapshot._main_snapshot._num_workers``, a single-process one no
+    ``_snapshot``.
+    """
     snapshot = state.get("_snapshot")
     if snapshot is None:
         return 0

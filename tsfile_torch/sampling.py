@@ -17,19 +17,21 @@ Sharding rules:
 Note: epoch word. Every pass over a dataset is the next epoch unless ``set_epoch`` named one.
 The epoch lives in one 64-bit word of shared memory created with the dataset (the main process
 owns it; fork, forkserver and spawn workers all map it): the epoch of the latest pass, whether
-``set_epoch`` wrote it since (then the next pass takes it as is), and the key of the pass that
-claimed it. A pass run by DataLoader workers is keyed by the loader's base seed (drawn afresh in
-the main process for every new iterator) and the number of passes the worker's copy of the
-dataset has made (what tells persistent workers' passes apart). Worker 0 claims the pass and
-writes the word; the other workers compute the same epoch from the word they read without
-waiting, before or after that write (:func:`claim_epoch`). With ``num_workers=0`` the main
-process claims each pass itself. One word means one reading store and one writing store, so no
-lock is needed. Limits: one loader at a time over one dataset object, and a loader whose base
-seed repeats exactly (the global torch RNG reseeded identically before every pass) should call
-``set_epoch``.
+``set_epoch`` wrote it since (then the next pass takes it as is), and who claimed it: the pid of
+that pass's worker 0 and a tag of the pass (from the loader's base seed, drawn in the main
+process for every new iterator, and the number of passes the worker's copy of the dataset has
+made, which tells a persistent worker's passes apart). Worker 0 claims each pass and writes
+the word; every other worker computes the same epoch from the word it reads, without waiting:
+a word with its own tag written by a live worker 0 is its pass's claim, any other word is the
+state before that claim (:func:`next_epoch`). A dead claimer means an earlier loader, even if
+its tag is the same (a DataLoader rebuilt each epoch with the same seeded generator). With
+``num_workers=0`` the main process claims each pass itself. One word is read and written
+whole, so no lock is needed. Limit: one loader at a time over one dataset object.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import numpy as np
 
@@ -43,14 +45,15 @@ __all__ = [
     "shard_by_rows",
     "pack_epoch_word",
     "unpack_epoch_word",
-    "claim_epoch",
-    "pass_key",
+    "EpochWord",
+    "next_epoch",
+    "pass_tag",
     "MAX_EPOCH",
 ]
 
 #: Largest epoch the epoch word holds (see Note: epoch word).
-MAX_EPOCH = (1 << 30) - 2
-_KEY_MASK = (1 << 32) - 1
+MAX_EPOCH = (1 << 24) - 2
+_PID_BITS, _TAG_BITS = 22, 16  # Linux pids fit 22 bits; elsewhere they are masked to 22
 
 
 def num_batches(num_rows: int, batch_size: int, drop_last: bool) -> int:
@@ -117,30 +120,39 @@ def shard_by_rows(starts: np.ndarray, start_row: int, stop_row: int) -> np.ndarr
     return starts[(starts >= start_row) & (starts < stop_row)]
 
 
-def pack_epoch_word(epoch: int, explicit: bool, key: int) -> int:
-    """Return the epoch word: ``epoch`` (-1: no pass yet), set by ``set_epoch``, pass ``key``."""
-    return ((epoch + 1) << 33) | (int(explicit) << 32) | (key & _KEY_MASK)
+class EpochWord(NamedTuple):
+    """The fields of the epoch word (see Note: epoch word)."""
+
+    epoch: int  # -1: no pass yet
+    explicit: bool  # set_epoch wrote it: the next pass takes it as is
+    pid: int  # worker 0 that claimed it, masked to 22 bits; 0: the main process or set_epoch
+    tag: int  # tag of the claiming pass (pass_tag); 0: the main process or set_epoch
 
 
-def unpack_epoch_word(word: int) -> tuple[int, bool, int]:
-    """Return ``(epoch, explicit, key)`` of an epoch word."""
-    return (word >> 33) - 1, bool((word >> 32) & 1), word & _KEY_MASK
+def pack_epoch_word(epoch: int, explicit: bool, pid: int = 0, tag: int = 0) -> int:
+    """Return the epoch word of these fields (a non-negative int64)."""
+    pid &= (1 << _PID_BITS) - 1
+    word = (epoch + 1) << 1 | int(explicit)
+    return (word << _PID_BITS | pid) << _TAG_BITS | tag
 
 
-def claim_epoch(word: int, key: int) -> tuple[int, int]:
-    """Return the epoch of the pass ``key`` and the word once that pass has claimed it.
+def unpack_epoch_word(word: int) -> EpochWord:
+    """Return the fields of an epoch word."""
+    tag = word & ((1 << _TAG_BITS) - 1)
+    pid = (word >> _TAG_BITS) & ((1 << _PID_BITS) - 1)
+    rest = word >> (_TAG_BITS + _PID_BITS)
+    return EpochWord((rest >> 1) - 1, bool(rest & 1), pid, tag)
 
-    ``key`` 0 is a pass of the main process, always new. Otherwise a word already holding
-    ``key`` means this pass claimed it already; any other word is the state before the claim.
+
+def next_epoch(word: EpochWord) -> int:
+    """Return the epoch a new pass claims after ``word``: the one set, else the next."""
+    return word.epoch if word.explicit else word.epoch + 1
+
+
+def pass_tag(base_seed: int, passes: int) -> int:
+    """Return the tag of a DataLoader pass, in ``[1, 65535]`` (see Note: epoch word).
+
+    Consecutive passes of the same workers (``passes`` and ``passes + 1``) never share a tag.
     """
-    epoch, explicit, last_key = unpack_epoch_word(word)
-    if key and key == last_key:
-        return epoch, word
-    epoch = epoch if explicit else epoch + 1
-    return epoch, pack_epoch_word(epoch, False, key)
-
-
-def pass_key(base_seed: int, passes: int) -> int:
-    """Return the non-zero 32-bit key of a DataLoader pass (see Note: epoch word)."""
-    mixed = np.random.SeedSequence([base_seed % (1 << 64), passes]).generate_state(1)[0]
-    return int(mixed) or 1
+    mixed = int(np.random.SeedSequence(base_seed % (1 << 64)).generate_state(1)[0])
+    return 1 + (mixed + passes) % ((1 << _TAG_BITS) - 1)
