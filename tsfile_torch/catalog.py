@@ -32,7 +32,9 @@ __all__ = [
     "ReadGroup",
     "Shard",
     "build_catalog",
+    "device_name",
     "expand_sources",
+    "subset_catalog",
 ]
 
 #: tsfile types read as numbers; every other type is left out of ``columns=None``.
@@ -364,6 +366,8 @@ def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:
 def build_catalog(
     sources: Source | Sequence[Source],
     columns: Sequence[str] | str | None = None,
+    *,
+    shared_timeline: bool = True,
 ) -> Catalog:
     """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
 
@@ -371,6 +375,11 @@ def build_catalog(
         sources: paths, directories, glob patterns or binary file objects (see
             :func:`expand_sources`).
         columns: ``None`` for every numeric field, else exact names or glob patterns.
+        shared_timeline: require every selected column to have the same row count and time
+            range (the row datasets need it). ``False`` keeps each column on its own timeline
+            (per-device windows): shards still get ``start_row`` along their own series, and
+            ``Catalog.num_rows`` / ``start_time`` / ``end_time`` are the largest / earliest /
+            latest over the columns.
 
     Raises:
         TsFileFormatError: a source is missing or not a readable TsFile.
@@ -399,16 +408,37 @@ def build_catalog(
     selected = _select(all_columns, columns)
     for col in selected:
         _place_shards(col, files)
-    _check_timeline(selected)
-    first = selected[0]
+    if shared_timeline:
+        _check_timeline(selected)
+    return _layout(tuple(files), selected)
+
+
+def _layout(files: tuple[FileInfo, ...], columns: Sequence[Column]) -> Catalog:
     return Catalog(
-        files=tuple(files),
-        columns=tuple(selected),
-        groups=_make_groups(selected),
-        num_rows=first.num_rows,
-        start_time=first.start_time,
-        end_time=first.end_time,
+        files=files,
+        columns=tuple(columns),
+        groups=_make_groups(columns),
+        num_rows=max(c.num_rows for c in columns),
+        start_time=min(c.start_time for c in columns),
+        end_time=max(c.end_time for c in columns),
     )
+
+
+def subset_catalog(catalog: Catalog, names: Sequence[str]) -> Catalog:
+    """Return a catalog of the columns ``names`` (exact names, in that order) of ``catalog``.
+
+    No metadata is read again; the result has no timeline check (see ``shared_timeline``).
+    """
+    by_name = {c.name: c for c in catalog.columns}
+    missing = [n for n in names if n not in by_name]
+    if missing or not names:
+        raise SchemaError(f"columns {missing} are not in the catalog; pick from its column_names")
+    return _layout(catalog.files, [by_name[n] for n in names])
+
+
+def device_name(device: tuple) -> str:
+    """Return the dotted name of a device tuple: ``('t', 'd0')`` -> ``'t.d0'``."""
+    return _device_name(device)
 
 
 def _add_statistic(col: Column, stat) -> None:

@@ -1,0 +1,704 @@
+"""Forecasting windows per device: :class:`TsFileWindowDataset` and :class:`WindowBatchSampler`.
+
+A device is a table-model device (table + tag values, ``meters.s0``) or a tree-model device
+(``root.sg.d1``); its rows are its own timeline, the shards of files in time order. Item ``i``
+is ``context_length`` consecutive rows of ``columns`` and the next ``horizon`` rows of
+``targets`` of one device; windows start at device rows 0, stride, 2 * stride, ... and are
+numbered device by device in device order.
+
+Note: window blocks. Values are decoded in blocks of ``block_rows`` consecutive rows of one
+device (one native read per read group, i.e. per file and device, per block), normalized once
+and kept in a per-process LRU of ``cache_bytes``; a window is a slice of one block or of two
+neighbouring ones. A batch of windows (``__getitems__``) fetches each block it needs once, so it
+costs as many reads as the distinct blocks it covers, not one per window. A TsFile query decodes
+whole pages (10,000 points with the writer's defaults) anyway, so a block of a few pages costs
+about what one short window costs alone.
+
+Random order over long series decodes a block per window unless the blocks stay cached. Two
+ways keep it cheap:
+- :class:`WindowBatchSampler` (the streaming route, like MosaicML Streaming's and LitData's
+  shuffle within shards): each epoch permutes the blocks, takes them ``blocks_per_shuffle`` at a
+  time and shuffles the windows inside that group, so a process holds about
+  ``blocks_per_shuffle + 1`` blocks and decodes each block about once per epoch. With
+  ``num_workers`` given it deals groups of blocks to workers in the order the DataLoader hands
+  batches to them (round-robin), so no two workers decode the same block.
+- ``cache="memory"``: every decoded block is kept for the life of the process (the decoded
+  per-device cache); after the first epoch any order is slicing.
+Plain ``RandomSampler`` / ``DistributedSampler`` work too (each window once, exact values) but
+decode a block per window once the panel exceeds ``cache_bytes``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import math
+import os
+from collections import OrderedDict
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from . import align as _align
+from .backend import Source, check_backend, parse_backend
+from .catalog import Catalog, build_catalog, device_name, subset_catalog
+from .errors import SchemaError
+from .normalize import NORMALIZE_METHODS, Normalizer, RunningMoments
+from .options import _bool, _dtype_name, _positive_int
+from .reader import BatchReader
+
+__all__ = ["TsFileWindowDataset", "WindowBatchSampler", "WindowInfo"]
+
+#: Device rows per decoded block (Note: window blocks): ~3 pages of the writer's defaults.
+DEFAULT_WINDOW_BLOCK_ROWS = 32768
+_DEFAULT_CACHE_BYTES = 256 << 20
+_WINDOW_CACHE_MODES = ("none", "memory")
+
+
+class WindowInfo(NamedTuple):
+    """Where window ``i`` comes from."""
+
+    device: str
+    start_row: int
+    start_time: int
+
+
+@dataclass(frozen=True)
+class _Device:
+    """One device: its fields' catalog columns, row count, rows in range, and its layout.
+
+    ``positional``: every field has the same shards (one timeline), rows are positions.
+    Otherwise ``times`` holds the aligned timeline (union / intersection of the fields').
+    """
+
+    name: str
+    columns: tuple[int, ...]
+    num_rows: int
+    row_lo: int
+    row_hi: int
+    positional: bool
+    times: np.ndarray | None = None
+
+
+def _match_devices(all_devices: list[str], devices) -> list[str]:
+    if devices is None:
+        return all_devices
+    if isinstance(devices, str):
+        devices = [devices]
+    chosen: dict[str, None] = {}
+    for item in devices:
+        if not isinstance(item, str):
+            raise TypeError(f"devices must be names or glob patterns (str); got {item!r}")
+        matches = [d for d in all_devices if d == item or fnmatch.fnmatchcase(d, item)]
+        if not matches:
+            shown = ", ".join(all_devices[:8]) + (" ..." if len(all_devices) > 8 else "")
+            raise SchemaError(f"devices: {item!r} matches no device; devices are {shown}")
+        chosen.update(dict.fromkeys(matches))
+    return list(chosen)
+
+
+def _field_list(name: str, value) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, (list, tuple)) or not value:
+        raise ValueError(f"{name} must be None or a non-empty list of field names; got {value!r}")
+    for v in value:
+        if not isinstance(v, str):
+            raise TypeError(f"{name} must hold field names (str); got {v!r}")
+    return tuple(dict.fromkeys(value))
+
+
+class TsFileWindowDataset(tud.Dataset):
+    """Map-style dataset of forecasting windows, one device at a time.
+
+    Item ``i`` is ``(x, y)``: ``x`` of shape ``(context_length, len(columns))`` and ``y`` the next
+    ``horizon`` rows of ``targets``, shape ``(horizon, len(targets))``; with ``horizon=0`` the
+    item is ``x``. With ``return_timestamps=True`` the int64 timestamps of ``x`` (and ``y``)
+    follow: ``(x, y, x_times, y_times)`` or ``(x, x_times)``.
+
+    Args:
+        sources: paths, directories, globs or binary file objects (as the row datasets).
+        context_length: rows of ``x``, >= 1.
+        horizon: rows of ``y`` after ``x``, >= 0.
+        stride: rows between the starts of consecutive windows of a device, >= 1.
+        columns: field names of ``x``; ``None``: every numeric field all selected devices have.
+        targets: field names of ``y``; ``None``: ``columns``.
+        devices: device names or glob patterns (``"meters.*"``, ``"root.sg.d1"``); ``None``: all
+            devices that have every field asked for (with ``columns=None``: all devices).
+        start_time, end_time: keep rows with ``start_time <= t <= end_time`` (inclusive; reads
+            the timestamps of files that straddle a bound once, at construction).
+        read_backend: ``"auto"``, ``"mmap"`` or ``"pread"``.
+        dtype: torch floating dtype of ``x`` and ``y``.
+        normalize: ``None``, ``"minmax"`` (metadata min / max, no read), ``"standard"`` (mean and
+            std: one pass over the data at construction) or a :class:`Normalizer` (e.g. the
+            training dataset's ``normalizer``). Applied to ``x`` and ``y`` alike.
+        return_timestamps: add the timestamps of ``x`` and ``y`` to each item.
+        align: fields of one device with different timestamps (tree model, non-aligned
+            series): ``None`` raises; ``"union"`` / ``"intersect"`` align them on time (one
+            pass over their timestamps at construction).
+        fill: ``"nan"``, ``"ffill"`` or ``"zero"`` for a field with no sample at an aligned row.
+        cache: ``"none"``: decoded blocks in an LRU of ``cache_bytes`` per process;
+            ``"memory"``: keep every decoded block (decode once per process).
+        cache_bytes: LRU budget per process for ``cache="none"``.
+        block_rows: device rows decoded per block (Note: window blocks).
+
+    Raises:
+        ValueError, TypeError: bad arguments. SchemaError: unknown devices or fields, a device
+        without a field asked for, fields on different timelines without ``align``, or no
+        device long enough for one window. TsFileFormatError: unreadable sources.
+    """
+
+    def __init__(
+        self,
+        sources: Source | Sequence[Source],
+        context_length: int,
+        horizon: int = 0,
+        stride: int = 1,
+        columns: Sequence[str] | str | None = None,
+        targets: Sequence[str] | str | None = None,
+        devices: Sequence[str] | str | None = None,
+        start_time: int | None = None,
+        end_time: int | None = None,
+        read_backend="auto",
+        dtype=torch.float32,
+        normalize: str | Normalizer | None = None,
+        return_timestamps: bool = False,
+        align: str | None = None,
+        fill: str = "nan",
+        cache: str = "none",
+        cache_bytes: int = _DEFAULT_CACHE_BYTES,
+        block_rows: int = DEFAULT_WINDOW_BLOCK_ROWS,
+    ):
+        self.context_length = _positive_int("context_length", context_length)
+        self.horizon = _positive_int("horizon", horizon, allow_zero=True)
+        self.stride = _positive_int("stride", stride)
+        self.return_timestamps = _bool("return_timestamps", return_timestamps)
+        self.read_backend = parse_backend(read_backend)
+        self.dtype = _dtype_name(dtype)
+        _align.check_align(align, fill)
+        self.align, self.fill = align, fill
+        if cache not in _WINDOW_CACHE_MODES:
+            raise ValueError(f"cache must be one of 'none', 'memory'; got {cache!r}")
+        self.cache = cache
+        self.cache_bytes = _positive_int("cache_bytes", cache_bytes, allow_zero=True)
+        self.block_rows = _positive_int("block_rows", block_rows)
+        for name, t in (("start_time", start_time), ("end_time", end_time)):
+            if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer))):
+                raise TypeError(f"{name} must be an integer timestamp or None; got {t!r}")
+        if start_time is not None and end_time is not None and start_time > end_time:
+            raise ValueError(f"start_time {start_time} is after end_time {end_time}")
+        self.start_time, self.end_time = start_time, end_time
+        columns, targets = _field_list("columns", columns), _field_list("targets", targets)
+
+        full = build_catalog(sources, None, shared_timeline=False)
+        for info in full.files:
+            check_backend(info.source, self.read_backend)
+        by_device: dict[str, dict[str, int]] = {}
+        for i, col in enumerate(full.columns):
+            shard = col.shards[0]
+            by_device.setdefault(device_name(shard.device), {})[shard.measurement] = i
+        names = _match_devices(list(by_device), devices)
+        fields_of = {d: by_device[d] for d in names}
+        if columns is None:
+            shared = [f for f in fields_of[names[0]] if all(f in fields_of[d] for d in names)]
+            if not shared:
+                raise SchemaError(
+                    f"devices {names[:5]} share no numeric field; pass columns=[...] and devices="
+                )
+            columns = tuple(shared)
+        self.columns = list(columns)
+        self.targets = list(targets) if targets is not None else list(columns)
+        self.fields = list(dict.fromkeys(self.columns + self.targets))
+        known = set().union(*(set(f) for f in fields_of.values()))
+        unknown = [f for f in self.fields if f not in known]
+        if unknown:
+            raise SchemaError(
+                f"fields {unknown} are not numeric fields of the selected devices; their "
+                f"fields are {sorted(known)}"
+            )
+        if devices is None:  # every device that has the fields asked for
+            names = [d for d in names if all(f in fields_of[d] for f in self.fields)]
+        missing = [(d, f) for d in names for f in self.fields if f not in fields_of[d]]
+        if missing:
+            d, f = missing[0]
+            raise SchemaError(
+                f"device {d!r} has no numeric field {f!r}; select devices that have every "
+                f"field in columns / targets"
+            )
+        self.catalog: Catalog = subset_catalog(
+            full, [full.columns[fields_of[d][f]].name for d in names for f in self.fields]
+        )
+        self._x_pos = [self.fields.index(f) for f in self.columns]
+        self._y_pos = [self.fields.index(f) for f in self.targets]
+        self._groups_of: dict[int, list[int]] = {}  # catalog column -> read groups, row order
+        for gi, group in enumerate(self.catalog.groups):
+            for c in group.columns:
+                self._groups_of.setdefault(c, []).append(gi)
+        for gis in self._groups_of.values():
+            gis.sort(key=lambda gi: self.catalog.groups[gi].start_row)
+
+        self._device_groups: list[list[int]] = []  # device -> its read groups, row order
+        self._own_times: dict[tuple[int, int], np.ndarray] = {}  # time-aligned devices' fields
+        self._reader: BatchReader | None = None
+        self._cache: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
+        self._cached_bytes = 0
+        self.devices_: list[_Device] = []
+        num_fields = len(self.fields)
+        for k, name in enumerate(names):
+            cols = tuple(range(k * num_fields, (k + 1) * num_fields))
+            gis = {gi for c in cols for gi in self._groups_of[c]}
+            self._device_groups.append(
+                sorted(gis, key=lambda gi: (self.catalog.groups[gi].start_row, gi))
+            )
+            self.devices_.append(self._layout_device(k, name, cols))
+        length = self.context_length + self.horizon
+        spans = np.array([d.row_hi - d.row_lo for d in self.devices_], dtype=np.int64)
+        counts = np.where(spans >= length, (spans - length) // self.stride + 1, 0)
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if self._first[-1] == 0:
+            raise SchemaError(
+                f"no device has {length} rows (context_length {self.context_length} + horizon "
+                f"{self.horizon}) in range; the longest has {int(spans.max())}: use shorter "
+                f"windows, more data or a wider time range"
+            )
+        self.normalizer = self._make_normalizer(normalize)
+        self.close()  # readers used at construction are not carried into workers
+
+    # -- construction helpers -------------------------------------------------------------
+    def _layout_device(self, k: int, name: str, cols: tuple[int, ...]) -> _Device:
+        columns = [self.catalog.columns[c] for c in cols]
+        key = lambda col: [  # noqa: E731
+            (s.file_index, s.start_row, s.num_rows, s.start_time, s.end_time) for s in col.shards
+        ]
+        positional = all(key(c) == key(columns[0]) for c in columns[1:])
+        if positional:
+            num_rows = columns[0].num_rows
+            times = None
+        elif self.align is None:
+            a, b = columns[0], next(c for c in columns[1:] if key(c) != key(columns[0]))
+            raise SchemaError(
+                f"device {name!r}: fields {a.name.rsplit('.', 1)[-1]!r} ({a.num_rows} rows in "
+                f"[{a.start_time}, {a.end_time}]) and {b.name.rsplit('.', 1)[-1]!r} "
+                f"({b.num_rows} rows in [{b.start_time}, {b.end_time}]) have different "
+                f"timestamps; pass align='union' or align='intersect' (and fill=...)"
+            )
+        else:
+            for j, c in enumerate(cols):
+                rows = self.catalog.columns[c].num_rows
+                self._own_times[(k, j)] = self._column_rows(c, 0, rows)[0]
+            times = _align.aligned_times(
+                [self._own_times[(k, j)] for j in range(len(cols))], self.align
+            )
+            num_rows = len(times)
+        device = _Device(name, cols, num_rows, 0, num_rows, positional, times)
+        if self.start_time is None and self.end_time is None:
+            return device
+        lo = 0 if self.start_time is None else self._row_of(device, self.start_time, "left")
+        hi = num_rows if self.end_time is None else self._row_of(device, self.end_time, "right")
+        return _Device(name, cols, num_rows, lo, max(lo, hi), positional, times)
+
+    def _row_of(self, device: _Device, t: int, side: str) -> int:
+        """Return the first device row with time >= t (left) or > t (right)."""
+        if device.times is not None:
+            return int(np.searchsorted(device.times, t, side=side))
+        col = self.catalog.columns[device.columns[0]]
+        for shard in col.shards:
+            if t < shard.start_time or (side == "left" and t == shard.start_time):
+                return shard.start_row
+            if t <= shard.end_time:  # inside this shard: read its timestamps once
+                times, _ = self._column_rows(
+                    device.columns[0], shard.start_row, shard.start_row + shard.num_rows
+                )
+                return shard.start_row + int(np.searchsorted(times, t, side=side))
+        return col.num_rows
+
+    def _make_normalizer(self, normalize) -> Normalizer | None:
+        if normalize is None:
+            return None
+        if isinstance(normalize, Normalizer):
+            normalize(np.zeros((1, len(self.fields))), self.fields)  # every field known?
+            return normalize
+        if normalize not in NORMALIZE_METHODS:
+            raise ValueError(
+                f"normalize must be None, 'minmax', 'standard' or a Normalizer; got {normalize!r}"
+            )
+        return Normalizer.from_stats(self.stats(exact=normalize == "standard"), normalize)
+
+    # -- pickling: no native handles --------------------------------------------------------
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_reader"] = None
+        state["_cache"] = OrderedDict()
+        state["_cached_bytes"] = 0
+        return state
+
+    @property
+    def reader(self) -> BatchReader:
+        """This process's reader over the selected series, opened on first use."""
+        if self._reader is None or self._reader.pid != os.getpid():
+            self._reader = BatchReader(
+                self.catalog, self.read_backend, np.float64, cache_bytes=0, decode_threads=1
+            )
+            self._cache.clear()
+            self._cached_bytes = 0
+        return self._reader
+
+    def close(self) -> None:
+        """Close this process's readers and drop decoded blocks."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._cache.clear()
+        self._cached_bytes = 0
+
+    # -- public surface -------------------------------------------------------------------
+    @property
+    def devices(self) -> list[str]:
+        """Selected device names, in window order."""
+        return [d.name for d in self.devices_]
+
+    def __len__(self) -> int:
+        return int(self._first[-1])
+
+    def _locate(self, index) -> tuple[int, int]:
+        if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
+            raise TypeError(f"index must be an integer window number; got {index!r}")
+        n = len(self)
+        if not -n <= index < n:
+            raise IndexError(f"window index {index} out of range for {n} windows")
+        index = int(index) % n
+        k = int(np.searchsorted(self._first, index, side="right")) - 1
+        return k, self.devices_[k].row_lo + (index - int(self._first[k])) * self.stride
+
+    def window_info(self, index: int) -> WindowInfo:
+        """Return (device, first device row, first timestamp) of window ``index``."""
+        k, row = self._locate(index)
+        times, _ = self._rows(k, row, row + 1)
+        return WindowInfo(self.devices_[k].name, row, int(times[0]))
+
+    def window_counts(self) -> dict[str, int]:
+        """Windows per device."""
+        return {
+            d.name: int(self._first[k + 1] - self._first[k]) for k, d in enumerate(self.devices_)
+        }
+
+    def __getitem__(self, index):
+        return self.__getitems__([index])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """Return the windows ``indices``; each block they need is fetched once (a batch)."""
+        length = self.context_length + self.horizon
+        located = [self._locate(i) for i in indices]
+        # every block first, in (device, block) order, so a block is decoded at most once here
+        held = {}
+        for k, row in sorted(set(located)):
+            for b in range(row // self.block_rows, (row + length - 1) // self.block_rows + 1):
+                if (k, b) not in held:
+                    held[(k, b)] = self._block(k, b)
+        out = []
+        for k, row in located:
+            times, values = self._slice(held, k, row, row + length)
+            out.append(self._item(times, values))
+        return out
+
+    def _item(self, times: np.ndarray, values: np.ndarray):
+        c = self.context_length
+        x = torch.from_numpy(values[:c, self._x_pos])
+        if self.dtype not in ("float32", "float64"):
+            x = x.to(getattr(torch, self.dtype))
+        if self.horizon == 0:
+            return (x, torch.from_numpy(times[:c].copy())) if self.return_timestamps else x
+        y = torch.from_numpy(values[c:, self._y_pos])
+        if self.dtype not in ("float32", "float64"):
+            y = y.to(getattr(torch, self.dtype))
+        if self.return_timestamps:
+            return x, y, torch.from_numpy(times[:c].copy()), torch.from_numpy(times[c:].copy())
+        return x, y
+
+    # -- statistics -----------------------------------------------------------------------
+    def stats(self, exact: bool = False) -> dict[str, dict]:
+        """Return per-field statistics over the selected devices (all their rows in the files).
+
+        Without ``exact``: ``count``, ``min``, ``max``, ``mean`` from the files' metadata, no
+        value read (``"source": "metadata"``; ``std`` is ``None``). With ``exact=True``: one
+        streaming pass over the values adds ``std`` (population) and recounts the rest
+        (``"source": "data"``). Both ignore ``start_time`` / ``end_time`` (metadata statistics
+        cover whole series) and count samples, not filled rows.
+        """
+        out = {}
+        for j, f in enumerate(self.fields):
+            cols = [self.catalog.columns[d.columns[j]] for d in self.devices_]
+            count = sum(c.num_values for c in cols)
+            total = [c.sum for c in cols]
+            out[f] = {
+                "count": count,
+                "min": min((c.min for c in cols if c.min is not None), default=None),
+                "max": max((c.max for c in cols if c.max is not None), default=None),
+                "mean": sum(total) / count if count and None not in total else None,
+                "std": None,
+                "source": "metadata",
+            }
+        if not exact:
+            return out
+        moments = RunningMoments(len(self.fields))
+        field_of = {c: j for d in self.devices_ for j, c in enumerate(d.columns)}
+        reader = self.reader
+        for gi, group in enumerate(self.catalog.groups):
+            for a in range(0, group.num_rows, self.block_rows):
+                _, values = reader.read_group(gi, a, min(a + self.block_rows, group.num_rows))
+                for row, c in enumerate(group.columns):
+                    moments.add(field_of[c], values[row])
+        for j, f in enumerate(self.fields):
+            out[f].update(
+                count=int(moments.count[j]),
+                mean=float(moments.mean[j]) if moments.count[j] else None,
+                std=float(moments.std[j]) if moments.count[j] else None,
+                source="data",
+            )
+        return out
+
+    # -- reading ----------------------------------------------------------------------------
+    def _column_rows(self, c: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return rows [lo, hi) of catalog column ``c`` on its own timeline: times, values."""
+        reader = self.reader
+        times, values = np.empty(hi - lo, np.int64), np.empty(hi - lo)
+        for gi in self._groups_of[c]:
+            group = self.catalog.groups[gi]
+            a, b = max(lo, group.start_row), min(hi, group.stop_row)
+            if a >= b:
+                continue
+            t, v = reader.read_group(gi, a - group.start_row, b - group.start_row)
+            times[a - lo : b - lo] = t
+            values[a - lo : b - lo] = v[group.columns.index(c)]
+        return times, values
+
+    def _raw_rows(self, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Return device rows [lo, hi) of device ``k``: times (n,), float64 values (n, fields)."""
+        device = self.devices_[k]
+        n = hi - lo
+        values = np.empty((n, len(self.fields)))
+        if device.positional:
+            groups = self.catalog.groups
+            base = device.columns[0]
+            times = np.empty(n, np.int64)
+            segments: set[int] = set()  # start rows whose timestamps are written
+            for gi in self._device_groups[k]:
+                group = groups[gi]
+                a, b = max(lo, group.start_row), min(hi, group.stop_row)
+                if a >= b:
+                    continue
+                t, v = self.reader.read_group(gi, a - group.start_row, b - group.start_row)
+                if group.start_row not in segments:
+                    times[a - lo : b - lo] = t
+                    segments.add(group.start_row)
+                elif not np.array_equal(times[a - lo : b - lo], t):
+                    bad = int(np.flatnonzero(times[a - lo : b - lo] != t)[0])
+                    field = self.fields[group.columns[0] - base]
+                    raise SchemaError(
+                        f"device {device.name!r}: field {field!r} has different timestamps "
+                        f"from the device's other fields at row {a + bad}; pass "
+                        f"align='union' or align='intersect'"
+                    )
+                values[a - lo : b - lo, [c - base for c in group.columns]] = v.T
+            return times, values
+        times = device.times[lo:hi]
+        for j, c in enumerate(device.columns):
+            col = self.catalog.columns[c]
+            # this field's own rows that can matter: within the time span (+1 before for ffill)
+            own = self._own_times[(k, j)]
+            a = int(np.searchsorted(own, times[0], side="left"))
+            b = int(np.searchsorted(own, times[-1], side="right"))
+            if self.fill == "ffill" and a > 0:
+                a -= 1
+            if a >= b:
+                t, v = np.empty(0, np.int64), np.empty(0)
+            else:
+                t, v = self._column_rows(c, a, min(b, col.num_rows))
+            values[:, j] = _align.align_to(times, t, v, self.fill)
+        return times, values
+
+    def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        key = (k, b)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self._cache.move_to_end(key)
+            return hit
+        device = self.devices_[k]
+        lo = b * self.block_rows
+        times, values = self._raw_rows(k, lo, min(lo + self.block_rows, device.num_rows))
+        if self.normalizer is not None:
+            values = self.normalizer(values, self.fields)
+        block = (times.copy(), values.astype(np.dtype(_NUMPY.get(self.dtype, "float32"))))
+        nbytes = block[0].nbytes + block[1].nbytes
+        if self.cache == "memory" or nbytes <= self.cache_bytes:
+            self._cache[key] = block
+            self._cached_bytes += nbytes
+            while self.cache == "none" and self._cached_bytes > self.cache_bytes:
+                _, old = self._cache.popitem(last=False)
+                self._cached_bytes -= old[0].nbytes + old[1].nbytes
+        return block
+
+    def _slice(self, held, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        first, last = lo // self.block_rows, (hi - 1) // self.block_rows
+        if first == last:
+            times, values = held[(k, first)]
+            o = first * self.block_rows
+            return times[lo - o : hi - o], values[lo - o : hi - o]
+        parts = [held[(k, b)] for b in range(first, last + 1)]
+        o = first * self.block_rows
+        times = np.concatenate([p[0] for p in parts])[lo - o : hi - o]
+        values = np.concatenate([p[1] for p in parts])[lo - o : hi - o]
+        return times, values
+
+    def _rows(self, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        held = {}
+        for b in range(lo // self.block_rows, (hi - 1) // self.block_rows + 1):
+            held[(k, b)] = self._block(k, b)
+        return self._slice(held, k, lo, hi)
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of decoded blocks held in this process."""
+        return self._cached_bytes
+
+    def __repr__(self) -> str:
+        return (
+            f"TsFileWindowDataset({len(self.devices_)} devices, {len(self)} windows, "
+            f"context_length={self.context_length}, horizon={self.horizon}, "
+            f"stride={self.stride}, columns={self.columns}, targets={self.targets})"
+        )
+
+
+_NUMPY = {"float64": "float64"}
+
+
+class WindowBatchSampler(tud.Sampler[list[int]]):
+    """Batches of window indices shuffled inside groups of blocks (Note: window blocks).
+
+    Each epoch, a (seed, epoch) permutation of the blocks (runs of windows starting in the same
+    ``block_rows`` rows of one device) is cut into groups of ``blocks_per_shuffle`` blocks; the
+    windows of a group are permuted and cut into batches. Ranks of a DDP job take every
+    ``num_replicas``-th group and, as ``DistributedSampler`` does, the same number of windows
+    each (wrapping around, or dropping the rest with ``drop_last``). With ``num_workers > 1``
+    the rank's groups are dealt to ``num_workers`` streams and their batches interleaved in the
+    order the DataLoader hands batches to workers (round-robin), so each worker decodes only its
+    own blocks. Use ``DataLoader(ds, batch_sampler=sampler, num_workers=...)`` and call
+    :meth:`set_epoch` before each epoch.
+
+    Args:
+        dataset: the window dataset.
+        batch_size: windows per batch.
+        shuffle: ``False``: windows in dataset order.
+        seed: seed of the order.
+        blocks_per_shuffle: blocks whose windows are mixed together; more mixes better and holds
+            more decoded blocks per process.
+        num_workers: the DataLoader's ``num_workers``.
+        num_replicas, rank: DDP world size and rank (default: ``torch.distributed``'s, else 1, 0).
+        drop_last: drop each stream's last partial batch, and windows beyond an equal share per
+            rank.
+    """
+
+    def __init__(
+        self,
+        dataset: TsFileWindowDataset,
+        batch_size: int,
+        shuffle: bool = True,
+        seed: int = 0,
+        blocks_per_shuffle: int = 16,
+        num_workers: int = 0,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+        drop_last: bool = False,
+    ):
+        self.batch_size = _positive_int("batch_size", batch_size)
+        self.shuffle = _bool("shuffle", shuffle)
+        self.blocks_per_shuffle = _positive_int("blocks_per_shuffle", blocks_per_shuffle)
+        self.num_workers = _positive_int("num_workers", num_workers, allow_zero=True)
+        self.drop_last = _bool("drop_last", drop_last)
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise TypeError(f"seed should be a non-negative integer, but got seed={seed!r}")
+        self.seed = seed
+        if num_replicas is None or rank is None:
+            dist = torch.distributed
+            live = dist.is_available() and dist.is_initialized()
+            num_replicas = (
+                num_replicas if num_replicas is not None else (dist.get_world_size() if live else 1)
+            )
+            rank = rank if rank is not None else (dist.get_rank() if live else 0)
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank should be in [0, {num_replicas - 1}], but got rank={rank}")
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch = 0
+        # block boundaries in window numbers: a block = windows whose first row is in one
+        # block_rows run of one device
+        bounds = []
+        for k, d in enumerate(dataset.devices_):
+            first, count = int(dataset._first[k]), int(dataset._first[k + 1] - dataset._first[k])
+            if not count:
+                continue
+            starts = d.row_lo + np.arange(count) * dataset.stride
+            block = starts // dataset.block_rows
+            cut = np.flatnonzero(np.diff(block)) + 1
+            bounds.extend((first + np.concatenate([[0], cut])).tolist())
+        self._bounds = np.array(bounds + [len(dataset)], dtype=np.int64)
+        self._num_windows = len(dataset)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Set the epoch that seeds the order (call before each epoch, as DistributedSampler)."""
+        self.epoch = epoch
+
+    def _rank_windows(self) -> list[np.ndarray]:
+        """Return this rank's groups of windows, each group shuffled."""
+        num_blocks = len(self._bounds) - 1
+        rng = np.random.default_rng([self.seed, self.epoch, 2])
+        order = rng.permutation(num_blocks) if self.shuffle else np.arange(num_blocks)
+        groups = [
+            order[i : i + self.blocks_per_shuffle]
+            for i in range(0, num_blocks, self.blocks_per_shuffle)
+        ]
+        per_rank = (
+            self._num_windows // self.num_replicas
+            if self.drop_last
+            else math.ceil(self._num_windows / self.num_replicas)
+        )
+        mine = []
+        for g in groups[self.rank :: self.num_replicas]:
+            windows = np.concatenate([np.arange(self._bounds[b], self._bounds[b + 1]) for b in g])
+            mine.append(rng.permutation(windows) if self.shuffle else windows)
+        have = sum(len(w) for w in mine)
+        if have > per_rank:  # trim from the end so every rank has the same count
+            excess, out = have - per_rank, []
+            for w in reversed(mine):
+                cut = min(excess, len(w))
+                excess -= cut
+                if len(w) - cut:
+                    out.append(w[: len(w) - cut])
+            mine = out[::-1]
+        elif have < per_rank:  # pad by wrapping around this rank's own windows
+            flat = np.concatenate(mine) if mine else np.arange(self._num_windows)
+            mine.append(np.resize(flat, per_rank - have))
+        return mine
+
+    def __iter__(self) -> Iterator[list[int]]:
+        groups = self._rank_windows()
+        streams = max(self.num_workers, 1)
+        batches: list[list[list[int]]] = []
+        for s in range(streams):
+            flat = [w for g in groups[s::streams] for w in g.tolist()]
+            cut = range(0, len(flat), self.batch_size)
+            run = [flat[i : i + self.batch_size] for i in cut]
+            if self.drop_last and run and len(run[-1]) < self.batch_size:
+                run.pop()
+            batches.append(run)
+        for i in range(max((len(b) for b in batches), default=0)):
+            for run in batches:
+                if i < len(run):
+                    yield run[i]
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self.__iter__())
