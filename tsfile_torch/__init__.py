@@ -7,8 +7,10 @@ from .catalog import Catalog, build_catalog
 from .datasets import TsFileDataset, TsFileIterableDataset
 from .errors import MappingError, SchemaError, TsFileFormatError, TsFileTorchError
 from .loader import make_loader
+from .normalize import Normalizer
 from .options import CACHE_MODES, DatasetOptions
 from .reader import BatchReader
+from .windows import TsFileWindowDataset, WindowBatchSampler, WindowInfo
 
 __version__ = "0.1.0"
 
@@ -19,11 +21,15 @@ __all__ = [
     "Catalog",
     "DatasetOptions",
     "MappingError",
+    "Normalizer",
     "SchemaError",
     "TsFileDataset",
     "TsFileFormatError",
     "TsFileIterableDataset",
     "TsFileTorchError",
+    "TsFileWindowDataset",
+    "WindowBatchSampler",
+    "WindowInfo",
     "build_catalog",
     "make_loader",
     "open_reader",

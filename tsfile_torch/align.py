@@ -48,6 +48,8 @@ def align_to(target: np.ndarray, times: np.ndarray, values: np.ndarray, fill: st
             caller passes the sample before ``target[0]`` too when there is one.
     """
     if fill == "ffill":
+        if not len(times):
+            return np.full(len(target), np.nan, dtype=values.dtype)
         idx = np.searchsorted(times, target, side="right") - 1
         out = values[np.maximum(idx, 0)].astype(values.dtype, copy=True)
         out[idx < 0] = np.nan

@@ -31,7 +31,6 @@ decode a block per window once the panel exceeds ``cache_bytes``.
 from __future__ import annotations
 
 import fnmatch
-import math
 import os
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
@@ -577,6 +576,17 @@ class TsFileWindowDataset(tud.Dataset):
 _NUMPY = {"float64": "float64"}
 
 
+def _deal(sizes: Sequence[int], bins: int) -> list[list[int]]:
+    """Deal items (by index, in order) to ``bins``, each to the bin with the least so far."""
+    out: list[list[int]] = [[] for _ in range(bins)]
+    load = [0] * bins
+    for i, size in enumerate(sizes):
+        b = load.index(min(load))
+        out[b].append(i)
+        load[b] += size
+    return out
+
+
 class WindowBatchSampler(tud.Sampler[list[int]]):
     """Batches of window indices shuffled inside groups of blocks (Note: window blocks).
 
@@ -661,35 +671,36 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
             order[i : i + self.blocks_per_shuffle]
             for i in range(0, num_blocks, self.blocks_per_shuffle)
         ]
-        per_rank = (
-            self._num_windows // self.num_replicas
-            if self.drop_last
-            else math.ceil(self._num_windows / self.num_replicas)
-        )
+        sizes = np.diff(self._bounds)
+        group_sizes = [int(sizes[g].sum()) for g in groups]
+        ranks = _deal(group_sizes, self.num_replicas)
+        have = [sum(group_sizes[i] for i in r) for r in ranks]
+        per_rank = min(have) if self.drop_last else max(have)
         mine = []
-        for g in groups[self.rank :: self.num_replicas]:
-            windows = np.concatenate([np.arange(self._bounds[b], self._bounds[b + 1]) for b in g])
+        for i in ranks[self.rank]:
+            windows = np.concatenate(
+                [np.arange(self._bounds[b], self._bounds[b + 1]) for b in groups[i]]
+            )
             mine.append(rng.permutation(windows) if self.shuffle else windows)
-        have = sum(len(w) for w in mine)
-        if have > per_rank:  # trim from the end so every rank has the same count
-            excess, out = have - per_rank, []
-            for w in reversed(mine):
-                cut = min(excess, len(w))
-                excess -= cut
-                if len(w) - cut:
-                    out.append(w[: len(w) - cut])
-            mine = out[::-1]
-        elif have < per_rank:  # pad by wrapping around this rank's own windows
+        excess = have[self.rank] - per_rank
+        while excess > 0:  # trim from the end so every rank has the same count
+            cut = min(excess, len(mine[-1]))
+            mine[-1] = mine[-1][: len(mine[-1]) - cut]
+            excess -= cut
+            if not len(mine[-1]):
+                mine.pop()
+        if excess < 0:  # pad by wrapping around this rank's own windows
             flat = np.concatenate(mine) if mine else np.arange(self._num_windows)
-            mine.append(np.resize(flat, per_rank - have))
+            mine.append(np.resize(flat, -excess))
         return mine
 
     def __iter__(self) -> Iterator[list[int]]:
         groups = self._rank_windows()
         streams = max(self.num_workers, 1)
+        dealt = [[groups[i] for i in run] for run in _deal([len(g) for g in groups], streams)]
         batches: list[list[list[int]]] = []
         for s in range(streams):
-            flat = [w for g in groups[s::streams] for w in g.tolist()]
+            flat = [w for g in dealt[s] for w in g.tolist()]
             cut = range(0, len(flat), self.batch_size)
             run = [flat[i : i + self.batch_size] for i in cut]
             if self.drop_last and run and len(run[-1]) < self.batch_size:
