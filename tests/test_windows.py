@@ -196,29 +196,14 @@ CASES = {
 }
 
 
-def _expected_aligned(a_times, b_times, align, fill):
-    rows = np.union1d(a_times, b_times) if align == "union" else np.intersect1d(a_times, b_times)
-    out = []
-    for times, scale, offset in ((a_times, 10.0, 0.0), (b_times, 100.0, 1.0)):
-        col = []
-        for t in rows:
-            if t in times:
-                col.append(t * scale + offset)
-            elif fill == "ffill":
-                earlier = times[times < t]
-                col.append(earlier[-1] * scale + offset if len(earlier) else np.nan)
-            else:
-                col.append(np.nan if fill == "nan" else 0.0)
-        out.append(col)
-    return rows, np.array(out).T
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 @pytest.mark.parametrize("align", ["union", "intersect"])
 @pytest.mark.parametrize("fill", ["nan", "ffill", "zero"])
-def test_unaligned_tree_fields_are_aligned_on_time(tmp_path, case, align, fill):
+def test_unaligned_tree_fields_are_aligned_on_time(tmp_path, expected_aligned, case, align, fill):
     a_times, b_times = _tree_pair(tmp_path, *CASES[case])
-    rows, values = _expected_aligned(a_times, b_times, align, fill)
+    rows, values = expected_aligned(
+        [(a_times, a_times * 10.0), (b_times, b_times * 100.0 + 1)], align, fill
+    )
     if len(rows) < 4:
         with pytest.raises(SchemaError, match="no device has 4 rows"):
             TsFileWindowDataset(tmp_path, context_length=3, horizon=1, align=align, fill=fill)

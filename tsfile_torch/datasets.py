@@ -22,6 +22,7 @@ import torch
 import torch.utils.data as tud
 
 from . import sampling
+from .aligned import Alignment, needs_alignment
 from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog
 from .options import DatasetOptions
@@ -37,7 +38,9 @@ class _TsFileBase:
 
     def __init__(self, sources: Source | Sequence[Source], options: DatasetOptions):
         self.options = options
-        self.catalog: Catalog = build_catalog(sources, options.columns)
+        self.catalog: Catalog = build_catalog(
+            sources, options.columns, shared_timeline=options.align is None
+        )
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
         self._epoch = sharedctypes.RawValue("q", -1)
@@ -46,6 +49,16 @@ class _TsFileBase:
         self._local_epoch = -1
         self._reader: BatchReader | None = None
         self._reader_epoch = None
+        #: Time alignment of columns with different timestamps (None: positional rows).
+        self.alignment: Alignment | None = None
+        if options.align is not None and needs_alignment(self.catalog):
+            if options.cache == "memory":
+                raise ValueError(
+                    "cache='memory' keeps positional rows and cannot be combined with align= "
+                    "over columns with different timestamps; use cache='none'"
+                )
+            self.alignment = Alignment.build(self.catalog, self.reader, options.align, options.fill)
+            self.close()  # the reader that read the timestamps stays out of workers
 
     # -- pickling: no native handles, shared epoch only while spawning workers ------------
     def __getstate__(self):
@@ -71,7 +84,7 @@ class _TsFileBase:
 
     @property
     def num_rows(self) -> int:
-        return self.catalog.num_rows
+        return self.catalog.num_rows if self.alignment is None else self.alignment.num_rows
 
     @property
     def reader(self) -> BatchReader:
@@ -159,7 +172,10 @@ class _TsFileBase:
 
     def _batch(self, reader: BatchReader, start: int):
         stop = min(start + self.options.batch_size, self.num_rows)
-        values, times = reader.read(int(start), int(stop))
+        if self.alignment is None:
+            values, times = reader.read(int(start), int(stop))
+        else:
+            values, times = self.alignment.read(reader, int(start), int(stop))
         tensor = torch.from_numpy(values)
         if self.options.dtype not in ("float32", "float64"):
             tensor = tensor.to(getattr(torch, self.options.dtype))

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .align import check_align
 from .backend import parse_backend
 from .reader import DEFAULT_BLOCK_ROWS
 
@@ -72,6 +73,11 @@ class DatasetOptions:
         decode_threads: threads decoding different files / devices at once in a reading
             process; ``None``: up to 4 (the CPU count) with ``num_workers=0``, 1 inside
             DataLoader workers (the workers already use the cores).
+        align: ``None``: every column must share one timeline; ``"union"`` / ``"intersect"``:
+            rows are the union / intersection of the columns' timestamps (see
+            :mod:`tsfile_torch.aligned`).
+        fill: with ``align``, what a column holds at a row where it has no sample: ``"nan"``,
+            ``"ffill"`` (last earlier sample, NaN before the first) or ``"zero"``.
     """
 
     columns: tuple[str, ...] | None = None
@@ -88,6 +94,8 @@ class DatasetOptions:
     return_timestamps: bool = False
     malloc_tuning: bool = True
     decode_threads: int | None = None
+    align: str | None = None
+    fill: str = "nan"
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -122,6 +130,7 @@ class DatasetOptions:
             )
         _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
         _positive_int("block_rows", self.block_rows)
+        check_align(self.align, self.fill)
         if self.random_batches is not None and self.shuffle:
             raise ValueError(
                 "random_batches draws random windows already; shuffle=True cannot "
