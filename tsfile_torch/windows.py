@@ -259,6 +259,7 @@ class TsFileWindowDataset(tud.Dataset):
         spans = np.array([d.row_hi - d.row_lo for d in self.devices_], dtype=np.int64)
         counts = np.where(spans >= length, (spans - length) // self.stride + 1, 0)
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._row_lo = np.array([d.row_lo for d in self.devices_], dtype=np.int64)
         if self._first[-1] == 0:
             raise SchemaError(
                 f"no device has {length} rows (context_length {self.context_length} + horizon "
@@ -389,35 +390,72 @@ class TsFileWindowDataset(tud.Dataset):
     def __getitem__(self, index):
         return self.__getitems__([index])[0]
 
-    def __getitems__(self, indices: Sequence[int]) -> list:
-        """Return the windows ``indices``; each block they need is fetched once (a batch)."""
-        length = self.context_length + self.horizon
-        located = [self._locate(i) for i in indices]
-        # every block first, in (device, block) order, so a block is decoded at most once here
-        held = {}
-        for k, row in sorted(set(located)):
-            for b in range(row // self.block_rows, (row + length - 1) // self.block_rows + 1):
-                if (k, b) not in held:
-                    held[(k, b)] = self._block(k, b)
-        out = []
-        for k, row in located:
-            times, values = self._slice(held, k, row, row + length)
-            out.append(self._item(times, values))
-        return out
+    def _locate_many(self, indices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        idx = np.asarray(indices)
+        if idx.dtype.kind not in "iu" or idx.ndim != 1:
+            for i in indices:
+                self._locate(i)  # raises the error for the first bad index
+            idx = idx.astype(np.int64)
+        n = len(self)
+        bad = (idx < -n) | (idx >= n)
+        if bad.any():
+            raise IndexError(f"window index {int(idx[bad][0])} out of range for {n} windows")
+        idx = idx % n
+        k = np.searchsorted(self._first, idx, side="right") - 1
+        row = self._row_lo[k] + (idx - self._first[k]) * self.stride
+        return k, row
 
-    def _item(self, times: np.ndarray, values: np.ndarray):
+    def __getitems__(self, indices: Sequence[int]) -> list:
+        """Return the windows ``indices`` as a list of items (Note: window blocks).
+
+        Each block the windows need is fetched once; windows inside one block are gathered
+        with one numpy indexing operation.
+        """
+        length = self.context_length + self.horizon
+        k, row = self._locate_many(indices)
+        n = len(k)
+        first_block = row // self.block_rows
+        key = k * (1 << 40) + first_block
+        values = np.empty((n, length, len(self.fields)), dtype=_NUMPY.get(self.dtype, "float32"))
+        times = np.empty((n, length), dtype=np.int64) if self.return_timestamps else None
+        steps = np.arange(length)
+        order = np.argsort(key, kind="stable")
+        cuts = np.flatnonzero(np.diff(key[order])) + 1
+        for members in np.split(order, cuts):
+            dk, b = int(k[members[0]]), int(first_block[members[0]])
+            block_times, block_values = self._block(dk, b)
+            local = row[members] - b * self.block_rows
+            inside = local + length <= len(block_times)
+            if inside.any():
+                pick = local[inside, None] + steps
+                values[members[inside]] = block_values[pick]
+                if times is not None:
+                    times[members[inside]] = block_times[pick]
+            for m in members[~inside]:  # straddles into the next block(s)
+                t, v = self._rows(dk, int(row[m]), int(row[m]) + length)
+                values[m] = v
+                if times is not None:
+                    times[m] = t
+        return self._items(values, times)
+
+    def _items(self, values: np.ndarray, times: np.ndarray | None) -> list:
         c = self.context_length
-        x = torch.from_numpy(values[:c, self._x_pos])
+        identity = self._x_pos == list(range(len(self.fields)))
+        x = torch.from_numpy(values[:, :c] if identity else values[:, :c, self._x_pos])
+        parts = [x]
+        if self.horizon:
+            identity = self._y_pos == list(range(len(self.fields)))
+            parts.append(
+                torch.from_numpy(values[:, c:] if identity else values[:, c:, self._y_pos])
+            )
         if self.dtype not in ("float32", "float64"):
-            x = x.to(getattr(torch, self.dtype))
-        if self.horizon == 0:
-            return (x, torch.from_numpy(times[:c].copy())) if self.return_timestamps else x
-        y = torch.from_numpy(values[c:, self._y_pos])
-        if self.dtype not in ("float32", "float64"):
-            y = y.to(getattr(torch, self.dtype))
-        if self.return_timestamps:
-            return x, y, torch.from_numpy(times[:c].copy()), torch.from_numpy(times[c:].copy())
-        return x, y
+            parts = [p.to(getattr(torch, self.dtype)) for p in parts]
+        if times is not None:
+            stamps = torch.from_numpy(times)
+            parts += [stamps[:, :c], stamps[:, c:]] if self.horizon else [stamps]
+        if len(parts) == 1:
+            return list(parts[0].unbind(0))
+        return list(zip(*(p.unbind(0) for p in parts), strict=True))
 
     # -- statistics -----------------------------------------------------------------------
     def stats(self, exact: bool = False) -> dict[str, dict]:
