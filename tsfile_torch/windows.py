@@ -49,7 +49,14 @@ from .normalize import NORMALIZE_METHODS, Normalizer, RunningMoments
 from .options import _bool, _dtype_name, _positive_int
 from .reader import BatchReader
 
-__all__ = ["TsFileWindowDataset", "WindowBatchSampler", "WindowInfo"]
+__all__ = [
+    "TsFileWindowDataset",
+    "WindowBatch",
+    "WindowBatchSampler",
+    "WindowInfo",
+    "collate_windows",
+    "make_window_loader",
+]
 
 #: Device rows per decoded block (Note: window blocks): ~3 pages of the writer's defaults.
 DEFAULT_WINDOW_BLOCK_ROWS = 32768
@@ -63,6 +70,36 @@ class WindowInfo(NamedTuple):
     device: str
     start_row: int
     start_time: int
+
+
+class WindowBatch(Sequence):
+    """Windows of one batch, stored stacked: a sequence of items that are views into it.
+
+    ``default_collate`` stacks its items again (correct, one copy and one object per window);
+    :func:`collate_windows` hands the stacked tensors over as they are.
+    """
+
+    def __init__(self, parts: tuple[torch.Tensor, ...]):
+        self.parts = parts
+
+    def __len__(self) -> int:
+        return len(self.parts[0])
+
+    def __getitem__(self, i):
+        if len(self.parts) == 1:
+            return self.parts[0][i]
+        return tuple(p[i] for p in self.parts)
+
+
+def collate_windows(batch):
+    """``collate_fn`` for window batches: stacked tensors without a Python object per window.
+
+    A :class:`WindowBatch` becomes ``x`` or the tuple ``(x, y, ...)`` of batched tensors;
+    anything else goes to ``default_collate``.
+    """
+    if isinstance(batch, WindowBatch):
+        return batch.parts[0] if len(batch.parts) == 1 else batch.parts
+    return tud.default_collate(batch)
 
 
 @dataclass(frozen=True)
@@ -405,8 +442,8 @@ class TsFileWindowDataset(tud.Dataset):
         row = self._row_lo[k] + (idx - self._first[k]) * self.stride
         return k, row
 
-    def __getitems__(self, indices: Sequence[int]) -> list:
-        """Return the windows ``indices`` as a list of items (Note: window blocks).
+    def __getitems__(self, indices: Sequence[int]) -> WindowBatch:
+        """Return the windows ``indices`` as a :class:`WindowBatch` (Note: window blocks).
 
         Each block the windows need is fetched once; windows inside one block are gathered
         with one numpy indexing operation.
@@ -438,7 +475,7 @@ class TsFileWindowDataset(tud.Dataset):
                     times[m] = t
         return self._items(values, times)
 
-    def _items(self, values: np.ndarray, times: np.ndarray | None) -> list:
+    def _items(self, values: np.ndarray, times: np.ndarray | None) -> WindowBatch:
         c = self.context_length
         identity = self._x_pos == list(range(len(self.fields)))
         x = torch.from_numpy(values[:, :c] if identity else values[:, :c, self._x_pos])
@@ -453,9 +490,7 @@ class TsFileWindowDataset(tud.Dataset):
         if times is not None:
             stamps = torch.from_numpy(times)
             parts += [stamps[:, :c], stamps[:, c:]] if self.horizon else [stamps]
-        if len(parts) == 1:
-            return list(parts[0].unbind(0))
-        return list(zip(*(p.unbind(0) for p in parts), strict=True))
+        return WindowBatch(tuple(parts))
 
     # -- statistics -----------------------------------------------------------------------
     def stats(self, exact: bool = False) -> dict[str, dict]:
@@ -751,3 +786,42 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
 
     def __len__(self) -> int:
         return sum(1 for _ in self.__iter__())
+
+
+def make_window_loader(
+    dataset: TsFileWindowDataset,
+    batch_size: int,
+    shuffle: bool = True,
+    seed: int = 0,
+    num_workers: int = 0,
+    blocks_per_shuffle: int = 16,
+    drop_last: bool = False,
+    **kwargs,
+) -> tud.DataLoader:
+    """Return a DataLoader of window batches with the block-shuffling sampler, set up right.
+
+    Uses :class:`WindowBatchSampler` (set its epoch with ``loader.batch_sampler.set_epoch``),
+    :func:`collate_windows`, persistent workers and the project's worker start method.
+    ``kwargs`` go to the ``DataLoader`` (``pin_memory``...).
+    """
+    from .loader import worker_context
+
+    sampler = WindowBatchSampler(
+        dataset,
+        batch_size,
+        shuffle=shuffle,
+        seed=seed,
+        blocks_per_shuffle=blocks_per_shuffle,
+        num_workers=num_workers,
+        drop_last=drop_last,
+    )
+    if num_workers:
+        kwargs.setdefault("persistent_workers", True)
+        kwargs.setdefault("multiprocessing_context", worker_context())
+    return tud.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        collate_fn=collate_windows,
+        **kwargs,
+    )
