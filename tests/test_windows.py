@@ -17,6 +17,8 @@ from tsfile_torch import (
     SchemaError,
     TsFileWindowDataset,
     WindowBatchSampler,
+    collate_windows,
+    make_window_loader,
     synthetic,
 )
 
@@ -406,3 +408,26 @@ def test_validation_dataset_takes_the_training_normalizer(panel_dir):
     wrong = Normalizer(("volt",), (0.0,), (1.0,))
     with pytest.raises(ValueError, match=r"no numbers for fields \['f0', 'f1', 'f2'\]"):
         TsFileWindowDataset(panel_dir, context_length=6, normalize=wrong)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_make_window_loader_hands_over_stacked_batches(panel_dir, num_workers):
+    ds = TsFileWindowDataset(panel_dir, context_length=12, horizon=3, stride=2, block_rows=64)
+    lookup = _index_of(ds)
+    loader = make_window_loader(ds, batch_size=16, num_workers=num_workers, seed=1)
+    for epoch in range(2):
+        loader.batch_sampler.set_epoch(epoch)
+        seen = []
+        for x, y in loader:
+            assert x.shape[1:] == (12, 3) and y.shape[1:] == (3, 3) and len(x) == len(y) <= 16
+            seen += [lookup[row.numpy().tobytes()] for row in x[:, 0]]
+        assert sorted(seen) == list(range(len(ds)))
+
+
+def test_collate_windows_matches_default_collate(panel_dir):
+    ds = TsFileWindowDataset(panel_dir, context_length=5, horizon=2, return_timestamps=True)
+    batch = ds.__getitems__([7, 0, 300])
+    ours, theirs = collate_windows(batch), torch.utils.data.default_collate(list(batch))
+    assert len(ours) == len(theirs) == 4
+    for a, b in zip(ours, theirs, strict=True):
+        assert torch.equal(a, b)

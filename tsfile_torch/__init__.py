@@ -10,7 +10,14 @@ from .loader import make_loader
 from .normalize import Normalizer
 from .options import CACHE_MODES, DatasetOptions
 from .reader import BatchReader
-from .windows import TsFileWindowDataset, WindowBatchSampler, WindowInfo
+from .windows import (
+    TsFileWindowDataset,
+    WindowBatch,
+    WindowBatchSampler,
+    WindowInfo,
+    collate_windows,
+    make_window_loader,
+)
 
 __version__ = "0.1.0"
 
@@ -28,10 +35,13 @@ __all__ = [
     "TsFileIterableDataset",
     "TsFileTorchError",
     "TsFileWindowDataset",
+    "WindowBatch",
     "WindowBatchSampler",
     "WindowInfo",
     "build_catalog",
+    "collate_windows",
     "make_loader",
+    "make_window_loader",
     "open_reader",
     "parse_backend",
 ]
