@@ -470,6 +470,6 @@ def _check_timeline(columns: Iterable[Column]) -> None:
             raise SchemaError(
                 f"columns do not share one timeline: {ref.name!r} has {ref.num_rows} rows in "
                 f"[{ref.start_time}, {ref.end_time}], {col.name!r} has {col.num_rows} rows in "
-                f"[{col.start_time}, {col.end_time}]; select columns with equal timestamps "
-                f"(time-aligned joins are not supported yet)"
+                f"[{col.start_time}, {col.end_time}]; select columns with equal timestamps or "
+                f"align them on time with align='union' or align='intersect'"
             )
