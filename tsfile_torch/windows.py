@@ -7,9 +7,10 @@ is ``context_length`` consecutive rows of ``columns`` and the next ``horizon`` r
 numbered device by device in device order.
 
 Note: window blocks. Values are decoded in blocks of ``block_rows`` consecutive rows of one
-device (one native read per read group, i.e. per file and device, per block), normalized once
-and kept in a per-process LRU of ``cache_bytes``; a window is a slice of one block or of two
-neighbouring ones. A batch of windows (``__getitems__``) fetches each block it needs once, so it
+device, plus the ``context_length + horizon - 1`` rows after them so that every window starting
+in a block lies inside it (one native read per read group, i.e. per file and device, per block),
+normalized once and kept in a per-process LRU of ``cache_bytes``; a window is a slice of one
+block. A batch of windows (``__getitems__``) fetches each block it needs once, so it
 costs as many reads as the distinct blocks it covers, not one per window. A TsFile query decodes
 whole pages (10,000 points with the writer's defaults) anyway, so a block of a few pages costs
 about what one short window costs alone.
@@ -462,17 +463,10 @@ class TsFileWindowDataset(tud.Dataset):
             dk, b = int(k[members[0]]), int(first_block[members[0]])
             block_times, block_values = self._block(dk, b)
             local = row[members] - b * self.block_rows
-            inside = local + length <= len(block_times)
-            if inside.any():
-                pick = local[inside, None] + steps
-                values[members[inside]] = block_values[pick]
-                if times is not None:
-                    times[members[inside]] = block_times[pick]
-            for m in members[~inside]:  # straddles into the next block(s)
-                t, v = self._rows(dk, int(row[m]), int(row[m]) + length)
-                values[m] = v
-                if times is not None:
-                    times[m] = t
+            pick = local[:, None] + steps  # inside the block: it holds its windows' tails
+            values[members] = block_values[pick]
+            if times is not None:
+                times[members] = block_times[pick]
         return self._items(values, times)
 
     def _items(self, values: np.ndarray, times: np.ndarray | None) -> WindowBatch:
@@ -602,7 +596,9 @@ class TsFileWindowDataset(tud.Dataset):
             return hit
         device = self.devices_[k]
         lo = b * self.block_rows
-        times, values = self._raw_rows(k, lo, min(lo + self.block_rows, device.num_rows))
+        # the block's rows plus the tail of the windows that start in it (Note: window blocks)
+        hi = min(lo + self.block_rows + self.context_length + self.horizon - 1, device.num_rows)
+        times, values = self._raw_rows(k, lo, hi)
         if self.normalizer is not None:
             values = self.normalizer(values, self.fields)
         block = (times.copy(), values.astype(np.dtype(_NUMPY.get(self.dtype, "float32"))))
@@ -615,23 +611,18 @@ class TsFileWindowDataset(tud.Dataset):
                 self._cached_bytes -= old[0].nbytes + old[1].nbytes
         return block
 
-    def _slice(self, held, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        first, last = lo // self.block_rows, (hi - 1) // self.block_rows
-        if first == last:
-            times, values = held[(k, first)]
-            o = first * self.block_rows
-            return times[lo - o : hi - o], values[lo - o : hi - o]
-        parts = [held[(k, b)] for b in range(first, last + 1)]
-        o = first * self.block_rows
-        times = np.concatenate([p[0] for p in parts])[lo - o : hi - o]
-        values = np.concatenate([p[1] for p in parts])[lo - o : hi - o]
-        return times, values
-
     def _rows(self, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
-        held = {}
-        for b in range(lo // self.block_rows, (hi - 1) // self.block_rows + 1):
-            held[(k, b)] = self._block(k, b)
-        return self._slice(held, k, lo, hi)
+        """Return device rows ``[lo, hi)`` of device ``k`` (normalized, output dtype)."""
+        first, last = lo // self.block_rows, (hi - 1) // self.block_rows
+        o = first * self.block_rows
+        if first == last or hi - lo <= self.context_length + self.horizon:
+            times, values = self._block(k, first)  # the block holds its windows' tails
+            return times[lo - o : hi - o], values[lo - o : hi - o]
+        parts = [self._block(k, b) for b in range(first, last + 1)]
+        B = self.block_rows
+        times = np.concatenate([p[0][:B] for p in parts])[lo - o : hi - o]
+        values = np.concatenate([p[1][:B] for p in parts])[lo - o : hi - o]
+        return times, values
 
     @property
     def cached_bytes(self) -> int:
