@@ -251,9 +251,10 @@ def test_a_batch_decodes_each_block_once(panel_dir):
     assert ds.reader.decoded_rows == 300
 
 
+@pytest.mark.parametrize("cache", ["none", "memory"])
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_random_sampler_loader_delivers_every_window_once(panel_dir, num_workers):
-    ds = TsFileWindowDataset(panel_dir, context_length=12, horizon=3, stride=2)
+def test_random_sampler_loader_delivers_every_window_once(panel_dir, num_workers, cache):
+    ds = TsFileWindowDataset(panel_dir, context_length=12, horizon=3, stride=2, cache=cache)
     lookup = _index_of(ds)
     loader = DataLoader(
         ds,
@@ -332,15 +333,26 @@ def test_block_sampler_through_two_workers_covers_every_window(panel_dir):
         assert sorted(seen) == list(range(len(ds)))
 
 
-def test_memory_cache_keeps_every_block(panel_dir):
+def test_memory_cache_decodes_every_row_once(panel_dir):
     ds = TsFileWindowDataset(panel_dir, context_length=4, cache="memory", block_rows=64)
     ds.__getitems__(list(range(len(ds))))
     decoded = ds.reader.decoded_rows
     ds.__getitems__(list(reversed(range(len(ds)))))
-    # every row once, plus the 3 rows after each block that its windows' tails need
-    rows = sum(n + 3 * ((n - 1) // 64) for n in COUNTS)
-    assert ds.reader.decoded_rows == decoded == rows
-    assert ds.cached_bytes == rows * (3 * 4 + 8)
+    assert ds.reader.decoded_rows == decoded == sum(COUNTS)  # every row once
+    assert ds.cached_bytes == sum(COUNTS) * (3 * 4 + 8)
+    streaming = TsFileWindowDataset(
+        panel_dir, context_length=3, horizon=2, return_timestamps=True, block_rows=64
+    )
+    memory = TsFileWindowDataset(
+        panel_dir, context_length=3, horizon=2, return_timestamps=True, cache="memory"
+    )
+    everything = list(range(len(streaming)))
+    for a, b in zip(
+        collate_windows(streaming.__getitems__(everything)),
+        collate_windows(memory.__getitems__(everything)),
+        strict=True,
+    ):
+        assert torch.equal(a, b)
 
 
 # -- statistics and normalization --------------------------------------------------------------

@@ -23,8 +23,9 @@ ways keep it cheap:
   ``blocks_per_shuffle + 1`` blocks and decodes each block about once per epoch. With
   ``num_workers`` given it deals groups of blocks to workers in the order the DataLoader hands
   batches to them (round-robin), so no two workers decode the same block.
-- ``cache="memory"``: every decoded block is kept for the life of the process (the decoded
-  per-device cache); after the first epoch any order is slicing.
+- ``cache="memory"``: the first batch in a process decodes every selected device into one
+  array kept for the life of the process (the decoded per-device cache); then any order is one
+  gather per batch, like indexing a preloaded numpy array.
 Plain ``RandomSampler`` / ``DistributedSampler`` work too (each window once, exact values) but
 decode a block per window once the panel exceeds ``cache_bytes``.
 """
@@ -180,7 +181,8 @@ class TsFileWindowDataset(tud.Dataset):
             pass over their timestamps at construction).
         fill: ``"nan"``, ``"ffill"`` or ``"zero"`` for a field with no sample at an aligned row.
         cache: ``"none"``: decoded blocks in an LRU of ``cache_bytes`` per process;
-            ``"memory"``: keep every decoded block (decode once per process).
+            ``"memory"``: decode every selected device once per process, at the first read, and
+            keep them (``rows * (fields * itemsize + 8)`` bytes).
         cache_bytes: LRU budget per process for ``cache="none"``.
         block_rows: device rows decoded per block (Note: window blocks).
 
@@ -284,6 +286,7 @@ class TsFileWindowDataset(tud.Dataset):
         self._reader: BatchReader | None = None
         self._cache: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._cached_bytes = 0
+        self._panel: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # cache="memory"
         self.devices_: list[_Device] = []
         num_fields = len(self.fields)
         for k, name in enumerate(names):
@@ -373,6 +376,7 @@ class TsFileWindowDataset(tud.Dataset):
         state["_reader"] = None
         state["_cache"] = OrderedDict()
         state["_cached_bytes"] = 0
+        state["_panel"] = None
         return state
 
     @property
@@ -384,6 +388,7 @@ class TsFileWindowDataset(tud.Dataset):
             )
             self._cache.clear()
             self._cached_bytes = 0
+            self._panel = None
         return self._reader
 
     def close(self) -> None:
@@ -393,6 +398,7 @@ class TsFileWindowDataset(tud.Dataset):
             self._reader = None
         self._cache.clear()
         self._cached_bytes = 0
+        self._panel = None
 
     # -- public surface -------------------------------------------------------------------
     @property
@@ -451,12 +457,17 @@ class TsFileWindowDataset(tud.Dataset):
         """
         length = self.context_length + self.horizon
         k, row = self._locate_many(indices)
+        steps = np.arange(length)
+        if self.cache == "memory":  # every device decoded once, in one array: one gather
+            panel_times, panel_values, offsets = self._whole_panel()
+            pick = (offsets[k] + row)[:, None] + steps
+            times = panel_times[pick] if self.return_timestamps else None
+            return self._items(panel_values[pick], times)
         n = len(k)
         first_block = row // self.block_rows
         key = k * (1 << 40) + first_block
         values = np.empty((n, length, len(self.fields)), dtype=_NUMPY.get(self.dtype, "float32"))
         times = np.empty((n, length), dtype=np.int64) if self.return_timestamps else None
-        steps = np.arange(length)
         order = np.argsort(key, kind="stable")
         cuts = np.flatnonzero(np.diff(key[order])) + 1
         for members in np.split(order, cuts):
@@ -588,7 +599,33 @@ class TsFileWindowDataset(tud.Dataset):
             values[:, j] = _align.align_to(times, t, v, self.fill)
         return times, values
 
+    def _whole_panel(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Decode every selected device once into one array (``cache="memory"``)."""
+        if self._panel is None or self._reader is None or self._reader.pid != os.getpid():
+            self.reader  # noqa: B018 - (re)open for this process; drops another process's panel
+            counts = [d.num_rows for d in self.devices_]
+            offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+            dtype = np.dtype(_NUMPY.get(self.dtype, "float32"))
+            times = np.empty(int(offsets[-1]), dtype=np.int64)
+            values = np.empty((int(offsets[-1]), len(self.fields)), dtype=dtype)
+            for k, n in enumerate(counts):
+                for a in range(0, n, self.block_rows):
+                    b = min(a + self.block_rows, n)
+                    t, v = self._raw_rows(k, a, b)
+                    if self.normalizer is not None:
+                        v = self.normalizer(v, self.fields)
+                    times[offsets[k] + a : offsets[k] + b] = t
+                    values[offsets[k] + a : offsets[k] + b] = v
+            self._panel = (times, values, offsets)
+            self._cached_bytes = times.nbytes + values.nbytes
+        return self._panel
+
     def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
+        if self.cache == "memory":
+            times, values, offsets = self._whole_panel()
+            lo = offsets[k] + b * self.block_rows
+            hi = min(lo + self.block_rows + self.context_length + self.horizon - 1, offsets[k + 1])
+            return times[lo:hi], values[lo:hi]
         key = (k, b)
         hit = self._cache.get(key)
         if hit is not None:
