@@ -445,3 +445,19 @@ def test_collate_windows_matches_default_collate(panel_dir):
     assert len(ours) == len(theirs) == 4
     for a, b in zip(ours, theirs, strict=True):
         assert torch.equal(a, b)
+
+
+def test_block_sampler_epoch_decodes_each_block_once_with_a_small_cache(panel_dir):
+    length, block = 5, 32
+    one_block = (block + length - 1) * (3 * 4 + 8)
+    ds = TsFileWindowDataset(
+        panel_dir, context_length=4, horizon=1, block_rows=block, cache_bytes=3 * one_block
+    )
+    sampler = WindowBatchSampler(ds, batch_size=10, blocks_per_shuffle=2, seed=5)
+    for batch in sampler:
+        ds.__getitems__(batch)
+    # each block once: its rows plus the tail its last windows need, nothing decoded twice
+    expected = sum(
+        min(b + block + length - 1, n) - b for n in COUNTS for b in range(0, n - length + 1, block)
+    )
+    assert ds.reader.decoded_rows == expected

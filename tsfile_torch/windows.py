@@ -470,7 +470,11 @@ class TsFileWindowDataset(tud.Dataset):
         times = np.empty((n, length), dtype=np.int64) if self.return_timestamps else None
         order = np.argsort(key, kind="stable")
         cuts = np.flatnonzero(np.diff(key[order])) + 1
-        for members in np.split(order, cuts):
+        groups = np.split(order, cuts)
+        # cached blocks first: decoding a missing block then evicts blocks this batch is done
+        # with, never one it still needs (else a batch spanning two shuffle groups thrashes)
+        groups.sort(key=lambda m: (int(k[m[0]]), int(first_block[m[0]])) not in self._cache)
+        for members in groups:
             dk, b = int(k[members[0]]), int(first_block[members[0]])
             block_times, block_values = self._block(dk, b)
             local = row[members] - b * self.block_rows
