@@ -462,11 +462,13 @@ class TsFileWindowDataset(tud.Dataset):
             panel_times, panel_values, offsets = self._whole_panel()
             pick = (offsets[k] + row)[:, None] + steps
             times = panel_times[pick] if self.return_timestamps else None
-            return self._items(panel_values[pick], times)
+            values = _batch_array((len(k), length, len(self.fields)), panel_values.dtype)
+            np.take(panel_values, pick, axis=0, out=values)
+            return self._items(values, times)
         n = len(k)
         first_block = row // self.block_rows
         key = k * (1 << 40) + first_block
-        values = np.empty((n, length, len(self.fields)), dtype=_NUMPY.get(self.dtype, "float32"))
+        values = _batch_array((n, length, len(self.fields)), _NUMPY.get(self.dtype, "float32"))
         times = np.empty((n, length), dtype=np.int64) if self.return_timestamps else None
         order = np.argsort(key, kind="stable")
         cuts = np.flatnonzero(np.diff(key[order])) + 1
@@ -679,6 +681,17 @@ class TsFileWindowDataset(tud.Dataset):
 
 
 _NUMPY = {"float64": "float64"}
+
+
+def _batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Return an empty array for a batch; in a DataLoader worker, in shared memory.
+
+    A worker's batch travels to the main process through shared memory: allocating it there
+    from the start (as ``default_collate`` does) saves copying it at pickling.
+    """
+    if tud.get_worker_info() is None:
+        return np.empty(shape, dtype=dtype)
+    return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name)).share_memory_().numpy()
 
 
 def _deal(sizes: Sequence[int], bins: int) -> list[list[int]]:
