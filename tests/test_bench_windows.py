@@ -14,6 +14,7 @@ def test_quick_window_benchmark_checksums_match_the_reference(tmp_path):
     routes = [r["route"] for r in records]
     assert routes == [
         "in-memory numpy reference",
+        "in-memory numpy reference, workers=2",
         "tsfile-torch sequential streaming, workers=0",
         "tsfile-torch streaming shuffled, workers=0",
         "tsfile-torch streaming shuffled, workers=2",
