@@ -157,6 +157,8 @@ def test_a_device_missing_a_field_is_named(tmp_path):
         TsFileWindowDataset(tmp_path, context_length=4, columns=["load"], devices=["*"])
     with pytest.raises(SchemaError, match="share no numeric field"):
         TsFileWindowDataset(tmp_path, context_length=4)
+    with pytest.raises(SchemaError, match=r"no device has all of the fields \['load', 'volt'\]"):
+        TsFileWindowDataset(tmp_path, context_length=4, columns=["load", "volt"])
 
 
 # -- tree model ------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ import torch
 import torch.utils.data as tud
 
 from . import synthetic
+from .bench import environment
 from .loader import worker_context
 from .windows import (
     TsFileWindowDataset,
@@ -125,7 +126,7 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
 
     # in-memory numpy reference: every device preloaded into one array, one gather per batch
     parts, stream_times = [], []
-    for k, d in enumerate(stream.devices_):
+    for k, d in enumerate(stream._devices):
         times, values = stream._rows(k, 0, d.num_rows)
         parts.append(values.copy())
         stream_times.append(times.copy())
@@ -234,7 +235,7 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
         t0 = time.perf_counter()
         for i in sample:
             k, row = int(located[0][i]), int(located[1][i])
-            device = stream.devices_[k]
+            device = stream._devices[k]
             t_first = int(stream_times[k][row])
             t_last = int(stream_times[k][row + len(steps) - 1])
             names = [f"{device.name}.{f}" for f in stream.fields]
@@ -281,6 +282,7 @@ def _with_ratios(records: list[dict], plan: WindowBenchPlan) -> list[dict]:
     by = {r["route"]: r for r in records}
     frame = by["TsFileDataFrame windows one by one (scaled)"]["seconds"]
     seq = by["tsfile-torch sequential streaming, workers=0"]["seconds"]
+    env = environment()
     for r in records:
         workers = r["route"].rsplit("workers=", 1)[1] if "workers=" in r["route"] else "0"
         ref = by.get(
@@ -291,6 +293,7 @@ def _with_ratios(records: list[dict], plan: WindowBenchPlan) -> list[dict]:
         r["of_reference"] = ref["seconds"] / r["seconds"]
         r["x_sequential_cost"] = r["seconds"] / seq
         r["plan"] = asdict(plan)
+        r["environment"] = env
     return records
 
 

@@ -19,8 +19,10 @@ Random order over long series decodes a block per window unless the blocks stay 
 ways keep it cheap:
 - :class:`WindowBatchSampler` (the streaming route, like MosaicML Streaming's and LitData's
   shuffle within shards): each epoch permutes the blocks, takes them ``blocks_per_shuffle`` at a
-  time and shuffles the windows inside that group, so a process holds about
-  ``blocks_per_shuffle + 1`` blocks and decodes each block about once per epoch. With
+  time and shuffles the windows inside that group, so a process decodes each block once per
+  epoch as long as ``cache_bytes`` holds ``blocks_per_shuffle + 1`` blocks (a batch serves its
+  cached blocks before decoding missing ones, so a batch that spans two groups never evicts a
+  block it still needs). With
   ``num_workers`` given it deals groups of blocks to workers in the order the DataLoader hands
   batches to them (round-robin), so no two workers decode the same block.
 - ``cache="memory"``: the first batch in a process decodes every selected device into one
@@ -56,6 +58,7 @@ __all__ = [
     "WindowBatch",
     "WindowBatchSampler",
     "WindowInfo",
+    "WindowOptions",
     "collate_windows",
     "make_window_loader",
 ]
@@ -102,6 +105,56 @@ def collate_windows(batch):
     if isinstance(batch, WindowBatch):
         return batch.parts[0] if len(batch.parts) == 1 else batch.parts
     return tud.default_collate(batch)
+
+
+@dataclass(frozen=True)
+class WindowOptions:
+    """Settings of a :class:`TsFileWindowDataset`, validated once (see its arguments)."""
+
+    context_length: int
+    horizon: int = 0
+    stride: int = 1
+    columns: tuple[str, ...] | None = None
+    targets: tuple[str, ...] | None = None
+    devices: tuple[str, ...] | None = None
+    start_time: int | None = None
+    end_time: int | None = None
+    read_backend: str = "auto"
+    dtype: str = "float32"
+    return_timestamps: bool = False
+    align: str | None = None
+    fill: str = "nan"
+    cache: str = "none"
+    cache_bytes: int = _DEFAULT_CACHE_BYTES
+    block_rows: int = DEFAULT_WINDOW_BLOCK_ROWS
+
+    def __post_init__(self):
+        set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
+        _positive_int("context_length", self.context_length)
+        _positive_int("horizon", self.horizon, allow_zero=True)
+        _positive_int("stride", self.stride)
+        _bool("return_timestamps", self.return_timestamps)
+        set_("read_backend", parse_backend(self.read_backend))
+        set_("dtype", _dtype_name(self.dtype))
+        _align.check_align(self.align, self.fill)
+        if self.cache not in _WINDOW_CACHE_MODES:
+            raise ValueError(f"cache must be one of 'none', 'memory'; got {self.cache!r}")
+        _positive_int("cache_bytes", self.cache_bytes, allow_zero=True)
+        _positive_int("block_rows", self.block_rows)
+        for name in ("start_time", "end_time"):
+            t = getattr(self, name)
+            if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer))):
+                raise TypeError(f"{name} must be an integer timestamp or None; got {t!r}")
+        if None not in (self.start_time, self.end_time) and self.start_time > self.end_time:
+            raise ValueError(f"start_time {self.start_time} is after end_time {self.end_time}")
+        set_("columns", _field_list("columns", self.columns))
+        set_("targets", _field_list("targets", self.targets))
+        if self.devices is not None:
+            devices = (self.devices,) if isinstance(self.devices, str) else self.devices
+            for d in devices:
+                if not isinstance(d, str):
+                    raise TypeError(f"devices must be names or glob patterns (str); got {d!r}")
+            set_("devices", tuple(devices))
 
 
 @dataclass(frozen=True)
@@ -213,26 +266,35 @@ class TsFileWindowDataset(tud.Dataset):
         cache_bytes: int = _DEFAULT_CACHE_BYTES,
         block_rows: int = DEFAULT_WINDOW_BLOCK_ROWS,
     ):
-        self.context_length = _positive_int("context_length", context_length)
-        self.horizon = _positive_int("horizon", horizon, allow_zero=True)
-        self.stride = _positive_int("stride", stride)
-        self.return_timestamps = _bool("return_timestamps", return_timestamps)
-        self.read_backend = parse_backend(read_backend)
-        self.dtype = _dtype_name(dtype)
-        _align.check_align(align, fill)
-        self.align, self.fill = align, fill
-        if cache not in _WINDOW_CACHE_MODES:
-            raise ValueError(f"cache must be one of 'none', 'memory'; got {cache!r}")
-        self.cache = cache
-        self.cache_bytes = _positive_int("cache_bytes", cache_bytes, allow_zero=True)
-        self.block_rows = _positive_int("block_rows", block_rows)
-        for name, t in (("start_time", start_time), ("end_time", end_time)):
-            if t is not None and (isinstance(t, bool) or not isinstance(t, (int, np.integer))):
-                raise TypeError(f"{name} must be an integer timestamp or None; got {t!r}")
-        if start_time is not None and end_time is not None and start_time > end_time:
-            raise ValueError(f"start_time {start_time} is after end_time {end_time}")
-        self.start_time, self.end_time = start_time, end_time
-        columns, targets = _field_list("columns", columns), _field_list("targets", targets)
+        self.options = o = WindowOptions(
+            context_length=context_length,
+            horizon=horizon,
+            stride=stride,
+            columns=columns,
+            targets=targets,
+            devices=devices,
+            start_time=start_time,
+            end_time=end_time,
+            read_backend=read_backend,
+            dtype=dtype,
+            return_timestamps=return_timestamps,
+            align=align,
+            fill=fill,
+            cache=cache,
+            cache_bytes=cache_bytes,
+            block_rows=block_rows,
+        )
+        # the options' values, read often
+        self.context_length, self.horizon, self.stride = o.context_length, o.horizon, o.stride
+        self.start_time, self.end_time = o.start_time, o.end_time
+        self.read_backend, self.dtype, self.return_timestamps = (
+            o.read_backend,
+            o.dtype,
+            o.return_timestamps,
+        )
+        self.align, self.fill = o.align, o.fill
+        self.cache, self.cache_bytes, self.block_rows = o.cache, o.cache_bytes, o.block_rows
+        columns, targets, devices = o.columns, o.targets, o.devices
 
         full = build_catalog(sources, None, shared_timeline=False)
         for info in full.files:
@@ -262,6 +324,11 @@ class TsFileWindowDataset(tud.Dataset):
             )
         if devices is None:  # every device that has the fields asked for
             names = [d for d in names if all(f in fields_of[d] for f in self.fields)]
+            if not names:
+                raise SchemaError(
+                    f"no device has all of the fields {self.fields}; pick fields one device "
+                    f"has, or name devices= to see which field each one lacks"
+                )
         missing = [(d, f) for d in names for f in self.fields if f not in fields_of[d]]
         if missing:
             d, f = missing[0]
@@ -287,7 +354,7 @@ class TsFileWindowDataset(tud.Dataset):
         self._cache: OrderedDict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = OrderedDict()
         self._cached_bytes = 0
         self._panel: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None  # cache="memory"
-        self.devices_: list[_Device] = []
+        self._devices: list[_Device] = []
         num_fields = len(self.fields)
         for k, name in enumerate(names):
             cols = tuple(range(k * num_fields, (k + 1) * num_fields))
@@ -295,12 +362,12 @@ class TsFileWindowDataset(tud.Dataset):
             self._device_groups.append(
                 sorted(gis, key=lambda gi: (self.catalog.groups[gi].start_row, gi))
             )
-            self.devices_.append(self._layout_device(k, name, cols))
+            self._devices.append(self._layout_device(k, name, cols))
         length = self.context_length + self.horizon
-        spans = np.array([d.row_hi - d.row_lo for d in self.devices_], dtype=np.int64)
+        spans = np.array([d.row_hi - d.row_lo for d in self._devices], dtype=np.int64)
         counts = np.where(spans >= length, (spans - length) // self.stride + 1, 0)
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._row_lo = np.array([d.row_lo for d in self.devices_], dtype=np.int64)
+        self._row_lo = np.array([d.row_lo for d in self._devices], dtype=np.int64)
         if self._first[-1] == 0:
             raise SchemaError(
                 f"no device has {length} rows (context_length {self.context_length} + horizon "
@@ -404,7 +471,7 @@ class TsFileWindowDataset(tud.Dataset):
     @property
     def devices(self) -> list[str]:
         """Selected device names, in window order."""
-        return [d.name for d in self.devices_]
+        return [d.name for d in self._devices]
 
     def __len__(self) -> int:
         return int(self._first[-1])
@@ -417,18 +484,18 @@ class TsFileWindowDataset(tud.Dataset):
             raise IndexError(f"window index {index} out of range for {n} windows")
         index = int(index) % n
         k = int(np.searchsorted(self._first, index, side="right")) - 1
-        return k, self.devices_[k].row_lo + (index - int(self._first[k])) * self.stride
+        return k, self._devices[k].row_lo + (index - int(self._first[k])) * self.stride
 
     def window_info(self, index: int) -> WindowInfo:
         """Return (device, first device row, first timestamp) of window ``index``."""
         k, row = self._locate(index)
         times, _ = self._rows(k, row, row + 1)
-        return WindowInfo(self.devices_[k].name, row, int(times[0]))
+        return WindowInfo(self._devices[k].name, row, int(times[0]))
 
     def window_counts(self) -> dict[str, int]:
         """Windows per device."""
         return {
-            d.name: int(self._first[k + 1] - self._first[k]) for k, d in enumerate(self.devices_)
+            d.name: int(self._first[k + 1] - self._first[k]) for k, d in enumerate(self._devices)
         }
 
     def __getitem__(self, index):
@@ -515,7 +582,7 @@ class TsFileWindowDataset(tud.Dataset):
         """
         out = {}
         for j, f in enumerate(self.fields):
-            cols = [self.catalog.columns[d.columns[j]] for d in self.devices_]
+            cols = [self.catalog.columns[d.columns[j]] for d in self._devices]
             count = sum(c.num_values for c in cols)
             total = [c.sum for c in cols]
             out[f] = {
@@ -529,7 +596,7 @@ class TsFileWindowDataset(tud.Dataset):
         if not exact:
             return out
         moments = RunningMoments(len(self.fields))
-        field_of = {c: j for d in self.devices_ for j, c in enumerate(d.columns)}
+        field_of = {c: j for d in self._devices for j, c in enumerate(d.columns)}
         reader = self.reader
         for gi, group in enumerate(self.catalog.groups):
             for a in range(0, group.num_rows, self.block_rows):
@@ -562,7 +629,7 @@ class TsFileWindowDataset(tud.Dataset):
 
     def _raw_rows(self, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Return device rows [lo, hi) of device ``k``: times (n,), float64 values (n, fields)."""
-        device = self.devices_[k]
+        device = self._devices[k]
         n = hi - lo
         values = np.empty((n, len(self.fields)))
         if device.positional:
@@ -609,7 +676,7 @@ class TsFileWindowDataset(tud.Dataset):
         """Decode every selected device once into one array (``cache="memory"``)."""
         if self._panel is None or self._reader is None or self._reader.pid != os.getpid():
             self.reader  # noqa: B018 - (re)open for this process; drops another process's panel
-            counts = [d.num_rows for d in self.devices_]
+            counts = [d.num_rows for d in self._devices]
             offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
             dtype = np.dtype(_NUMPY.get(self.dtype, "float32"))
             times = np.empty(int(offsets[-1]), dtype=np.int64)
@@ -637,7 +704,7 @@ class TsFileWindowDataset(tud.Dataset):
         if hit is not None:
             self._cache.move_to_end(key)
             return hit
-        device = self.devices_[k]
+        device = self._devices[k]
         lo = b * self.block_rows
         # the block's rows plus the tail of the windows that start in it (Note: window blocks)
         hi = min(lo + self.block_rows + self.context_length + self.horizon - 1, device.num_rows)
@@ -674,7 +741,7 @@ class TsFileWindowDataset(tud.Dataset):
 
     def __repr__(self) -> str:
         return (
-            f"TsFileWindowDataset({len(self.devices_)} devices, {len(self)} windows, "
+            f"TsFileWindowDataset({len(self._devices)} devices, {len(self)} windows, "
             f"context_length={self.context_length}, horizon={self.horizon}, "
             f"stride={self.stride}, columns={self.columns}, targets={self.targets})"
         )
@@ -765,7 +832,7 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
         # block boundaries in window numbers: a block = windows whose first row is in one
         # block_rows run of one device
         bounds = []
-        for k, d in enumerate(dataset.devices_):
+        for k, d in enumerate(dataset._devices):
             first, count = int(dataset._first[k]), int(dataset._first[k + 1] - dataset._first[k])
             if not count:
                 continue
