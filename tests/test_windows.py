@@ -463,3 +463,37 @@ def test_block_sampler_epoch_decodes_each_block_once_with_a_small_cache(panel_di
         min(b + block + length - 1, n) - b for n in COUNTS for b in range(0, n - length + 1, block)
     )
     assert ds.reader.decoded_rows == expected
+
+
+def test_tree_devices_continue_across_files_with_their_own_timestamps(tmp_path):
+    def series(times, device):
+        return {"a": (times, times * 1.0 + device), "b": (times, -times * 1.0 - device)}
+
+    d1, d2 = np.arange(0, 600, 2), np.arange(1, 1201, 4)  # 300 rows each, different clocks
+    synthetic.write_tree_series(
+        tmp_path / "day1.tsfile",
+        {"root.sg.d1": series(d1[:170], 1), "root.sg.d2": series(d2[:90], 2)},
+    )
+    synthetic.write_tree_series(
+        tmp_path / "day2.tsfile",
+        {"root.sg.d1": series(d1[170:], 1), "root.sg.d2": series(d2[90:], 2)},
+    )
+    ds = TsFileWindowDataset(
+        tmp_path,
+        context_length=20,
+        horizon=5,
+        stride=3,
+        dtype=torch.float64,
+        block_rows=64,
+        return_timestamps=True,
+    )
+    assert ds.devices == ["root.sg.d1", "root.sg.d2"] and len(ds) == 2 * ((300 - 25) // 3 + 1)
+    for i in range(len(ds)):
+        info = ds.window_info(i)
+        device, times = (1, d1) if info.device == "root.sg.d1" else (2, d2)
+        t = times[info.start_row : info.start_row + 25]
+        x, y, tx, ty = ds[i]
+        np.testing.assert_array_equal(torch.cat([tx, ty]).numpy(), t)
+        np.testing.assert_array_equal(
+            torch.cat([x, y]).numpy(), np.stack([t + device, -t - device], 1)
+        )
