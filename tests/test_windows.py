@@ -497,3 +497,23 @@ def test_tree_devices_continue_across_files_with_their_own_timestamps(tmp_path):
         np.testing.assert_array_equal(
             torch.cat([x, y]).numpy(), np.stack([t + device, -t - device], 1)
         )
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize(("replicas", "workers"), [(1, 0), (1, 2), (3, 2)])
+def test_block_sampler_len_matches_what_it_yields(panel_dir, drop_last, replicas, workers):
+    ds = TsFileWindowDataset(panel_dir, context_length=4, stride=3, block_rows=32)
+    for rank in range(replicas):
+        sampler = WindowBatchSampler(
+            ds,
+            batch_size=7,
+            num_workers=workers,
+            num_replicas=replicas,
+            rank=rank,
+            drop_last=drop_last,
+            blocks_per_shuffle=3,
+            seed=rank,
+        )
+        batches = list(sampler)
+        assert len(sampler) == len(batches)
+        assert all(len(b) == 7 for b in batches) or not drop_last

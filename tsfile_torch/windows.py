@@ -847,8 +847,12 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
         """Set the epoch that seeds the order (call before each epoch, as DistributedSampler)."""
         self.epoch = epoch
 
-    def _rank_windows(self) -> list[np.ndarray]:
-        """Return this rank's groups of windows, each group shuffled."""
+    def _rank_plan(self):
+        """Return this rank's groups as ``(blocks, windows kept)``, the padding, and the rng.
+
+        Pure in (seed, epoch, rank, num_replicas); no window index is materialized here, so
+        ``len()`` is cheap.
+        """
         num_blocks = len(self._bounds) - 1
         rng = np.random.default_rng([self.seed, self.epoch, 2])
         order = rng.permutation(num_blocks) if self.shuffle else np.arange(num_blocks)
@@ -861,43 +865,53 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
         ranks = _deal(group_sizes, self.num_replicas)
         have = [sum(group_sizes[i] for i in r) for r in ranks]
         per_rank = min(have) if self.drop_last else max(have)
-        mine = []
-        for i in ranks[self.rank]:
-            windows = np.concatenate(
-                [np.arange(self._bounds[b], self._bounds[b + 1]) for b in groups[i]]
-            )
-            mine.append(rng.permutation(windows) if self.shuffle else windows)
-        excess = have[self.rank] - per_rank
-        while excess > 0:  # trim from the end so every rank has the same count
-            cut = min(excess, len(mine[-1]))
-            mine[-1] = mine[-1][: len(mine[-1]) - cut]
+        mine = [(groups[i], group_sizes[i]) for i in ranks[self.rank]]
+        excess, kept = have[self.rank] - per_rank, []
+        for blocks, n in reversed(mine):  # trim from the end so every rank has the same count
+            cut = min(max(excess, 0), n)
             excess -= cut
-            if not len(mine[-1]):
-                mine.pop()
-        if excess < 0:  # pad by wrapping around this rank's own windows
-            flat = np.concatenate(mine) if mine else np.arange(self._num_windows)
-            mine.append(np.resize(flat, -excess))
-        return mine
+            if n - cut:
+                kept.append((blocks, n - cut))
+        return kept[::-1], max(-excess, 0), rng
+
+    def _streams(self, sizes: list[int]) -> list[list[int]]:
+        """Deal groups (by size) to one stream per DataLoader worker."""
+        return _deal(sizes, max(self.num_workers, 1))
+
+    def _num_batches(self, count: int) -> int:
+        return count // self.batch_size if self.drop_last else -(-count // self.batch_size)
 
     def __iter__(self) -> Iterator[list[int]]:
-        groups = self._rank_windows()
-        streams = max(self.num_workers, 1)
-        dealt = [[groups[i] for i in run] for run in _deal([len(g) for g in groups], streams)]
+        plan, pad, rng = self._rank_plan()
+        groups = []
+        for blocks, n in plan:
+            windows = np.concatenate(
+                [np.arange(self._bounds[b], self._bounds[b + 1]) for b in blocks]
+            )
+            groups.append((rng.permutation(windows) if self.shuffle else windows)[:n])
+        if pad:  # wrap around this rank's own windows, as DistributedSampler pads
+            flat = np.concatenate(groups) if groups else np.arange(self._num_windows)
+            groups.append(np.resize(flat, pad))
         batches: list[list[list[int]]] = []
-        for s in range(streams):
-            flat = [w for g in dealt[s] for w in g.tolist()]
-            cut = range(0, len(flat), self.batch_size)
-            run = [flat[i : i + self.batch_size] for i in cut]
-            if self.drop_last and run and len(run[-1]) < self.batch_size:
-                run.pop()
-            batches.append(run)
+        for run in self._streams([len(g) for g in groups]):
+            flat = [w for i in run for w in groups[i].tolist()]
+            batches.append(
+                [
+                    flat[i : i + self.batch_size]
+                    for i in range(
+                        0, self._num_batches(len(flat)) * self.batch_size, self.batch_size
+                    )
+                ]
+            )
         for i in range(max((len(b) for b in batches), default=0)):
             for run in batches:
                 if i < len(run):
                     yield run[i]
 
     def __len__(self) -> int:
-        return sum(1 for _ in self.__iter__())
+        plan, pad, _ = self._rank_plan()
+        sizes = [n for _, n in plan] + ([pad] if pad else [])
+        return sum(self._num_batches(sum(sizes[i] for i in run)) for run in self._streams(sizes))
 
 
 def make_window_loader(
