@@ -25,6 +25,7 @@ from . import sampling
 from .aligned import Alignment, needs_alignment
 from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog
+from .normalize import Normalizer, make_normalizer, series_stats
 from .options import DatasetOptions
 from .reader import BatchReader
 
@@ -59,6 +60,10 @@ class _TsFileBase:
                 )
             self.alignment = Alignment.build(self.catalog, self.reader, options.align, options.fill)
             self.close()  # the reader that read the timestamps stays out of workers
+        #: Applied to every batch (``normalize=``); hand it to a validation dataset.
+        self.normalizer: Normalizer | None = make_normalizer(
+            options.normalize, self.columns, lambda exact: self.stats(exact)
+        )
 
     # -- pickling: no native handles, shared epoch only while spawning workers ------------
     def __getstate__(self):
@@ -81,6 +86,16 @@ class _TsFileBase:
     def columns(self) -> list[str]:
         """Column names, in output order (tsfile series naming: ``table.tag.field``)."""
         return self.catalog.column_names
+
+    def stats(self, exact: bool = False) -> dict[str, dict]:
+        """Return per-column statistics: metadata only, or with ``exact`` one pass adding std.
+
+        See :func:`tsfile_torch.normalize.series_stats`; they cover each column's whole series.
+        """
+        names = {name: [i] for i, name in enumerate(self.columns)}
+        return series_stats(
+            self.catalog, names, exact, self.options.read_backend, self.options.block_rows
+        )
 
     @property
     def num_rows(self) -> int:
@@ -176,6 +191,8 @@ class _TsFileBase:
             values, times = reader.read(int(start), int(stop))
         else:
             values, times = self.alignment.read(reader, int(start), int(stop))
+        if self.normalizer is not None:
+            values = self.normalizer(values, self.columns)
         tensor = torch.from_numpy(values)
         if self.options.dtype not in ("float32", "float64"):
             tensor = tensor.to(getattr(torch, self.options.dtype))

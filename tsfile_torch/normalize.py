@@ -9,12 +9,20 @@ to the validation dataset so both use the same numbers.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["NORMALIZE_METHODS", "Normalizer", "RunningMoments"]
+from .catalog import Catalog
+
+__all__ = [
+    "NORMALIZE_METHODS",
+    "Normalizer",
+    "RunningMoments",
+    "make_normalizer",
+    "series_stats",
+]
 
 #: Names accepted by ``normalize=``: ``minmax`` maps [min, max] to [0, 1]; ``standard`` maps
 #: the mean to 0 and one standard deviation to 1.
@@ -138,3 +146,77 @@ def _affine(values, shift: np.ndarray, scale: np.ndarray, inverse: bool):
         shift = torch.as_tensor(shift, dtype=values.dtype, device=values.device)
         scale = torch.as_tensor(scale, dtype=values.dtype, device=values.device)
     return values * scale + shift if inverse else (values - shift) / scale
+
+
+def series_stats(
+    catalog: Catalog,
+    names: Mapping[str, Sequence[int]],
+    exact: bool = False,
+    read_backend: str = "auto",
+    block_rows: int = 131072,
+) -> dict[str, dict]:
+    """Return statistics per name, each over the catalog columns listed for it.
+
+    Without ``exact``: ``count``, ``min``, ``max``, ``mean`` from the files' metadata, no value
+    read (``"source": "metadata"``, ``std`` None). With ``exact``: one streaming pass over the
+    values (float64, ``block_rows`` rows per read, nulls skipped) adds the population ``std``
+    and recounts ``count`` and ``mean`` (``"source": "data"``).
+    """
+    out = {}
+    for name, cols in names.items():
+        columns = [catalog.columns[c] for c in cols]
+        count = sum(c.num_values for c in columns)
+        totals = [c.sum for c in columns]
+        out[name] = {
+            "count": count,
+            "min": min((c.min for c in columns if c.min is not None), default=None),
+            "max": max((c.max for c in columns if c.max is not None), default=None),
+            "mean": sum(totals) / count if count and None not in totals else None,
+            "std": None,
+            "source": "metadata",
+        }
+    if not exact:
+        return out
+    from .reader import BatchReader
+
+    slot = {c: j for j, cols in enumerate(names.values()) for c in cols}
+    moments = RunningMoments(len(names))
+    reader = BatchReader(catalog, read_backend, np.float64, cache_bytes=0, decode_threads=1)
+    try:
+        for gi, group in enumerate(catalog.groups):
+            wanted = [(r, slot[c]) for r, c in enumerate(group.columns) if c in slot]
+            for a in range(0, group.num_rows if wanted else 0, block_rows):
+                _, values = reader.read_group(gi, a, min(a + block_rows, group.num_rows))
+                for r, j in wanted:
+                    moments.add(j, values[r])
+    finally:
+        reader.close()
+    for j, name in enumerate(names):
+        counted = int(moments.count[j])
+        out[name].update(
+            count=counted,
+            mean=float(moments.mean[j]) if counted else None,
+            std=float(moments.std[j]) if counted else None,
+            source="data",
+        )
+    return out
+
+
+def make_normalizer(
+    normalize, names: Sequence[str], stats: Callable[[bool], Mapping[str, Mapping]]
+) -> Normalizer | None:
+    """Resolve a ``normalize=`` argument for a dataset whose values are ``names``.
+
+    ``None`` stays None; a :class:`Normalizer` must know every name; ``"minmax"`` builds one
+    from ``stats(False)`` (metadata, no read), ``"standard"`` from ``stats(True)`` (one pass).
+    """
+    if normalize is None:
+        return None
+    if isinstance(normalize, Normalizer):
+        normalize._params(list(names))  # raises if a name is unknown
+        return normalize
+    if normalize not in NORMALIZE_METHODS:
+        raise ValueError(
+            f"normalize must be None, 'minmax', 'standard' or a Normalizer; got {normalize!r}"
+        )
+    return Normalizer.from_stats(stats(normalize == "standard"), normalize)

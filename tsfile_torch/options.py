@@ -11,6 +11,7 @@ from typing import Any
 
 from .align import check_align
 from .backend import parse_backend
+from .normalize import NORMALIZE_METHODS, Normalizer
 from .reader import DEFAULT_BLOCK_ROWS
 
 __all__ = ["CACHE_MODES", "DatasetOptions"]
@@ -78,6 +79,9 @@ class DatasetOptions:
             :mod:`tsfile_torch.aligned`).
         fill: with ``align``, what a column holds at a row where it has no sample: ``"nan"``,
             ``"ffill"`` (last earlier sample, NaN before the first) or ``"zero"``.
+        normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std:
+            one pass over the data when the dataset is built) or a
+            :class:`~tsfile_torch.normalize.Normalizer` naming every column.
     """
 
     columns: tuple[str, ...] | None = None
@@ -96,6 +100,7 @@ class DatasetOptions:
     decode_threads: int | None = None
     align: str | None = None
     fill: str = "nan"
+    normalize: str | Normalizer | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -131,6 +136,15 @@ class DatasetOptions:
         _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
         _positive_int("block_rows", self.block_rows)
         check_align(self.align, self.fill)
+        if not (
+            self.normalize is None
+            or isinstance(self.normalize, Normalizer)
+            or self.normalize in NORMALIZE_METHODS
+        ):
+            raise ValueError(
+                f"normalize must be None, 'minmax', 'standard' or a Normalizer; "
+                f"got {self.normalize!r}"
+            )
         if self.random_batches is not None and self.shuffle:
             raise ValueError(
                 "random_batches draws random windows already; shuffle=True cannot "

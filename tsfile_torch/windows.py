@@ -49,7 +49,7 @@ from . import align as _align
 from .backend import Source, check_backend, parse_backend
 from .catalog import Catalog, build_catalog, device_name, subset_catalog
 from .errors import SchemaError
-from .normalize import NORMALIZE_METHODS, Normalizer, RunningMoments
+from .normalize import Normalizer, make_normalizer, series_stats
 from .options import _bool, _dtype_name, _positive_int
 from .reader import BatchReader
 
@@ -374,7 +374,7 @@ class TsFileWindowDataset(tud.Dataset):
                 f"{self.horizon}) in range; the longest has {int(spans.max())}: use shorter "
                 f"windows, more data or a wider time range"
             )
-        self.normalizer = self._make_normalizer(normalize)
+        self.normalizer = make_normalizer(normalize, self.fields, lambda exact: self.stats(exact))
         self.close()  # readers used at construction are not carried into workers
 
     # -- construction helpers -------------------------------------------------------------
@@ -424,18 +424,6 @@ class TsFileWindowDataset(tud.Dataset):
                 )
                 return shard.start_row + int(np.searchsorted(times, t, side=side))
         return col.num_rows
-
-    def _make_normalizer(self, normalize) -> Normalizer | None:
-        if normalize is None:
-            return None
-        if isinstance(normalize, Normalizer):
-            normalize(np.zeros((1, len(self.fields))), self.fields)  # every field known?
-            return normalize
-        if normalize not in NORMALIZE_METHODS:
-            raise ValueError(
-                f"normalize must be None, 'minmax', 'standard' or a Normalizer; got {normalize!r}"
-            )
-        return Normalizer.from_stats(self.stats(exact=normalize == "standard"), normalize)
 
     # -- pickling: no native handles --------------------------------------------------------
     def __getstate__(self):
@@ -580,37 +568,8 @@ class TsFileWindowDataset(tud.Dataset):
         (``"source": "data"``). Both ignore ``start_time`` / ``end_time`` (metadata statistics
         cover whole series) and count samples, not filled rows.
         """
-        out = {}
-        for j, f in enumerate(self.fields):
-            cols = [self.catalog.columns[d.columns[j]] for d in self._devices]
-            count = sum(c.num_values for c in cols)
-            total = [c.sum for c in cols]
-            out[f] = {
-                "count": count,
-                "min": min((c.min for c in cols if c.min is not None), default=None),
-                "max": max((c.max for c in cols if c.max is not None), default=None),
-                "mean": sum(total) / count if count and None not in total else None,
-                "std": None,
-                "source": "metadata",
-            }
-        if not exact:
-            return out
-        moments = RunningMoments(len(self.fields))
-        field_of = {c: j for d in self._devices for j, c in enumerate(d.columns)}
-        reader = self.reader
-        for gi, group in enumerate(self.catalog.groups):
-            for a in range(0, group.num_rows, self.block_rows):
-                _, values = reader.read_group(gi, a, min(a + self.block_rows, group.num_rows))
-                for row, c in enumerate(group.columns):
-                    moments.add(field_of[c], values[row])
-        for j, f in enumerate(self.fields):
-            out[f].update(
-                count=int(moments.count[j]),
-                mean=float(moments.mean[j]) if moments.count[j] else None,
-                std=float(moments.std[j]) if moments.count[j] else None,
-                source="data",
-            )
-        return out
+        names = {f: [d.columns[j] for d in self._devices] for j, f in enumerate(self.fields)}
+        return series_stats(self.catalog, names, exact, self.read_backend, self.block_rows)
 
     # -- reading ----------------------------------------------------------------------------
     def _column_rows(self, c: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
