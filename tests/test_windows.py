@@ -282,10 +282,11 @@ def test_distributed_sampler_splits_windows_between_ranks(panel_dir):
     assert len(seen) == len(set(seen)) == len(ds) // 2 * 2
 
 
-def test_spawned_workers_open_their_own_readers(panel_dir):
+@pytest.mark.parametrize("method", ["spawn", "forkserver"])
+def test_spawned_workers_open_their_own_readers(panel_dir, method):
     ds = TsFileWindowDataset(panel_dir, context_length=12, horizon=3, stride=5)
     ds[0]  # a reader open in the parent is not pickled
-    loader = DataLoader(ds, batch_size=32, num_workers=1, multiprocessing_context="spawn")
+    loader = DataLoader(ds, batch_size=32, num_workers=1, multiprocessing_context=method)
     got = torch.cat([x for x, _ in loader])
     np.testing.assert_array_equal(got.numpy(), torch.stack([ds[i][0] for i in range(len(ds))]))
 
