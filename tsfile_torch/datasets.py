@@ -241,7 +241,8 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
         dtype: torch floating dtype of the batches.
         random_batches: if set, each epoch is this many windows at uniformly random rows.
         **kwargs: further :class:`~tsfile_torch.options.DatasetOptions` fields (``cache``,
-            ``cache_bytes``, ``block_rows``, ``return_timestamps``).
+            ``cache_bytes``, ``block_rows``, ``return_timestamps``, ``align``, ``fill``,
+            ``normalize``).
 
     Raises:
         TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: on bad input.
