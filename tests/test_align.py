@@ -97,3 +97,19 @@ def test_bad_align_and_fill_are_named(small_dir):
         TsFileDataset(small_dir, align="outer")
     with pytest.raises(ValueError, match="fill must be one of 'nan', 'ffill', 'zero'; got 'x'"):
         TsFileIterableDataset(small_dir, align="union", fill="x")
+
+
+def test_same_metadata_but_different_timestamps_are_aligned_not_refused(tmp_path, expected_aligned):
+    a_times = np.arange(0, 2000, 2)  # 0, 2, ..., 1998
+    b_times = np.append(np.arange(999), 1998)  # same count, first and last; differs inside
+    series = [(a_times, a_times * 10.0), (b_times, b_times * 100.0 + 1)]
+    synthetic.write_table_devices(tmp_path / "a.tsfile", "a", ["v"], {"d": series[0]})
+    synthetic.write_table_devices(tmp_path / "b.tsfile", "b", ["v"], {"d": series[1]})
+    times, values = expected_aligned(series, "union", "nan")
+    ds = TsFileDataset(
+        tmp_path, batch_size=300, align="union", dtype=torch.float64, return_timestamps=True
+    )
+    assert ds.alignment is not None and ds.num_rows == len(times)
+    got = [ds[i] for i in range(len(ds))]
+    np.testing.assert_array_equal(torch.cat([t for _, t in got]).numpy(), times)
+    np.testing.assert_array_equal(torch.cat([v for v, _ in got]).numpy(), values)

@@ -518,3 +518,22 @@ def test_block_sampler_len_matches_what_it_yields(panel_dir, drop_last, replicas
         batches = list(sampler)
         assert len(sampler) == len(batches)
         assert all(len(b) == 7 for b in batches) or not drop_last
+
+
+def test_tree_fields_with_equal_metadata_but_different_timestamps(tmp_path, expected_aligned):
+    a_times = np.arange(0, 200, 2)
+    b_times = np.append(np.arange(99), 198)  # same count, first and last as a
+    series = [(a_times, a_times * 1.0), (b_times, -b_times * 1.0)]
+    synthetic.write_tree_series(
+        tmp_path / "t.tsfile", {"root.sg.d1": {"a": series[0], "b": series[1]}}
+    )
+    plain = TsFileWindowDataset(tmp_path, context_length=8, horizon=2)  # metadata agrees
+    with pytest.raises(SchemaError, match=r"device 'root.sg.d1': field 'b' has different"):
+        plain[0]
+    times, values = expected_aligned(series, "union", "zero")
+    ds = TsFileWindowDataset(
+        tmp_path, context_length=8, horizon=2, align="union", fill="zero", dtype=torch.float64
+    )
+    assert len(ds) == len(times) - 9
+    x, y = ds[40]
+    np.testing.assert_array_equal(torch.cat([x, y]).numpy(), values[40:50])

@@ -1,13 +1,14 @@
 """Rows aligned on time across columns with different timestamps (``align="union"|"intersect"``).
 
 A timeline is the time column a set of columns shares: all selected fields of one aligned
-(table-model) device, or one non-aligned (tree-model) series alone. :meth:`Alignment.build` reads
-every timeline's timestamps once (one pass over the time columns, in the building process) and
-keeps them with the aligned rows ``times`` (union or intersection): ``8 * rows`` bytes per
-timeline, pickled into workers with the dataset. Reading aligned rows ``[a, b)`` then reads, per
-timeline, only its samples with timestamps in ``[times[a], times[b - 1]]`` (one earlier sample
-for ``fill="ffill"``) through :meth:`BatchReader.read_group`, and places them with
-:func:`tsfile_torch.align.align_to`.
+(table-model) device, or one non-aligned (tree-model) series alone. With ``align`` set and more
+than one timeline, :meth:`Alignment.build` reads every timeline's timestamps once (one pass over
+the time columns, in the building process). If they are all identical the dataset keeps
+positional rows (the fast path); otherwise it keeps them with the aligned rows ``times`` (union
+or intersection): ``8 * rows`` bytes per timeline, pickled into workers with the dataset.
+Reading aligned rows ``[a, b)`` then reads, per timeline, only its samples with timestamps in
+``[times[a], times[b - 1]]`` (one earlier sample for ``fill="ffill"``) through
+:meth:`BatchReader.read_group`, and places them with :func:`tsfile_torch.align.align_to`.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .catalog import Catalog
 from .errors import SchemaError
 from .reader import BatchReader
 
-__all__ = ["Alignment", "needs_alignment"]
+__all__ = ["Alignment", "several_timelines"]
 
 
 def _timeline_key(catalog: Catalog, column: int) -> tuple:
@@ -29,15 +30,9 @@ def _timeline_key(catalog: Catalog, column: int) -> tuple:
     return ("device", shard.device) if shard.aligned else ("series", column)
 
 
-def needs_alignment(catalog: Catalog) -> bool:
-    """Return True unless every column has the same shards' row counts and time ranges.
-
-    Equal metadata takes the positional fast path (rows are positions; the reader still checks
-    timestamps row by row while reading).
-    """
-    key = lambda c: [(s.num_rows, s.start_time, s.end_time) for s in c.shards]  # noqa: E731
-    first = key(catalog.columns[0])
-    return any(key(c) != first for c in catalog.columns[1:])
+def several_timelines(catalog: Catalog) -> bool:
+    """Return True if the columns come from more than one time column (device or series)."""
+    return len({_timeline_key(catalog, c) for c in range(len(catalog.columns))}) > 1
 
 
 @dataclass
@@ -60,6 +55,11 @@ class Alignment:
     @property
     def num_rows(self) -> int:
         return len(self.times)
+
+    @property
+    def identical(self) -> bool:
+        """True if every timeline has exactly the aligned timestamps (positional rows suffice)."""
+        return all(np.array_equal(t.times, self.times) for t in self.timelines)
 
     @classmethod
     def build(cls, catalog: Catalog, reader: BatchReader, align: str, fill: str) -> Alignment:

@@ -22,7 +22,7 @@ import torch
 import torch.utils.data as tud
 
 from . import sampling
-from .aligned import Alignment, needs_alignment
+from .aligned import Alignment, several_timelines
 from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog
 from .normalize import Normalizer, make_normalizer, series_stats
@@ -52,14 +52,16 @@ class _TsFileBase:
         self._reader_epoch = None
         #: Time alignment of columns with different timestamps (None: positional rows).
         self.alignment: Alignment | None = None
-        if options.align is not None and needs_alignment(self.catalog):
-            if options.cache == "memory":
-                raise ValueError(
-                    "cache='memory' keeps positional rows and cannot be combined with align= "
-                    "over columns with different timestamps; use cache='none'"
-                )
-            self.alignment = Alignment.build(self.catalog, self.reader, options.align, options.fill)
+        if options.align is not None and several_timelines(self.catalog):
+            alignment = Alignment.build(self.catalog, self.reader, options.align, options.fill)
             self.close()  # the reader that read the timestamps stays out of workers
+            if not alignment.identical:  # else positional rows: the fast path
+                if options.cache == "memory":
+                    raise ValueError(
+                        "cache='memory' keeps positional rows and cannot be combined with "
+                        "align= over columns with different timestamps; use cache='none'"
+                    )
+                self.alignment = alignment
         #: Applied to every batch (``normalize=``); hand it to a validation dataset.
         self.normalizer: Normalizer | None = make_normalizer(
             options.normalize, self.columns, lambda exact: self.stats(exact)

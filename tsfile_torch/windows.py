@@ -384,6 +384,9 @@ class TsFileWindowDataset(tud.Dataset):
             (s.file_index, s.start_row, s.num_rows, s.start_time, s.end_time) for s in col.shards
         ]
         positional = all(key(c) == key(columns[0]) for c in columns[1:])
+        if self.align is not None and not columns[0].shards[0].aligned and len(columns) > 1:
+            # non-aligned series with equal metadata may still differ inside: align on time
+            positional = False
         if positional:
             num_rows = columns[0].num_rows
             times = None
