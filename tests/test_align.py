@@ -113,3 +113,25 @@ def test_same_metadata_but_different_timestamps_are_aligned_not_refused(tmp_path
     got = [ds[i] for i in range(len(ds))]
     np.testing.assert_array_equal(torch.cat([t for _, t in got]).numpy(), times)
     np.testing.assert_array_equal(torch.cat([v for v, _ in got]).numpy(), values)
+
+
+def test_devices_with_several_fields_across_files_align_on_time(tmp_path, expected_aligned):
+    synthetic.write_panel(tmp_path, num_devices=2, num_fields=3, num_rows=[500, 300], num_files=2)
+    series = [
+        (synthetic.panel_device_times(d, np.arange(n)), synthetic.value_of(d, j, np.arange(n)))
+        for d, n in ((0, 500), (1, 300))
+        for j in range(3)
+    ]
+    times, values = expected_aligned(series, "union", "ffill")
+    ds = TsFileIterableDataset(
+        tmp_path,
+        batch_size=128,
+        align="union",
+        fill="ffill",
+        dtype=torch.float64,
+        return_timestamps=True,
+    )
+    assert ds.columns == [f"meters.s{d}.f{j}" for d in range(2) for j in range(3)]
+    batches = list(ds)
+    np.testing.assert_array_equal(torch.cat([t for _, t in batches]).numpy(), times)
+    np.testing.assert_array_equal(torch.cat([v for v, _ in batches]).numpy(), values)

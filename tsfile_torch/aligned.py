@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .align import align_to, aligned_times
-from .catalog import Catalog
+from .catalog import Catalog, subset_catalog
 from .errors import SchemaError
 from .reader import BatchReader
 
@@ -62,21 +62,26 @@ class Alignment:
         return all(np.array_equal(t.times, self.times) for t in self.timelines)
 
     @classmethod
-    def build(cls, catalog: Catalog, reader: BatchReader, align: str, fill: str) -> Alignment:
-        """Read every timeline's timestamps through ``reader`` and align them."""
+    def build(cls, catalog: Catalog, read_backend: str, align: str, fill: str) -> Alignment:
+        """Read every timeline's timestamps (with one value column each) and align them."""
         members: dict[tuple, list[int]] = {}
         for c in range(len(catalog.columns)):
             members.setdefault(_timeline_key(catalog, c), []).append(c)
+        # one column per timeline is enough to read its time column: decode no other values
+        probe = subset_catalog(
+            catalog, [catalog.columns[cols[0]].name for cols in members.values()]
+        )
+        reader = BatchReader(probe, read_backend, np.float64, cache_bytes=0, decode_threads=1)
         timelines = []
-        for cols in members.values():
-            groups = sorted(
-                {gi for gi, g in enumerate(catalog.groups) if set(g.columns) & set(cols)},
-                key=lambda gi: catalog.groups[gi].start_row,
-            )
-            timeline = _Timeline(tuple(cols), tuple(groups), np.empty(0, np.int64))
-            rows = catalog.columns[cols[0]].num_rows
-            timeline.times = _read(catalog, reader, timeline, 0, rows)[0].copy()
-            timelines.append(timeline)
+        try:
+            for k, cols in enumerate(members.values()):
+                timeline = _Timeline(tuple(cols), _groups_of(catalog, cols), np.empty(0, np.int64))
+                single = _Timeline((k,), _groups_of(probe, [k]), np.empty(0, np.int64))
+                rows = catalog.columns[cols[0]].num_rows
+                timeline.times = _read(probe, reader, single, 0, rows)[0].copy()
+                timelines.append(timeline)
+        finally:
+            reader.close()
         out = cls(catalog, timelines, align, fill)
         if not out.num_rows:
             raise SchemaError(
@@ -108,6 +113,12 @@ class Alignment:
             for k, c in enumerate(timeline.columns):
                 out[:, c] = align_to(target, times, values[k], self.fill)
         return out, target.copy()
+
+
+def _groups_of(catalog: Catalog, cols) -> tuple[int, ...]:
+    """Return the read groups holding ``cols``, in row order."""
+    groups = {gi for gi, g in enumerate(catalog.groups) if set(g.columns) & set(cols)}
+    return tuple(sorted(groups, key=lambda gi: catalog.groups[gi].start_row))
 
 
 def _read(catalog: Catalog, reader: BatchReader, timeline: _Timeline, lo: int, hi: int):

@@ -53,8 +53,9 @@ class _TsFileBase:
         #: Time alignment of columns with different timestamps (None: positional rows).
         self.alignment: Alignment | None = None
         if options.align is not None and several_timelines(self.catalog):
-            alignment = Alignment.build(self.catalog, self.reader, options.align, options.fill)
-            self.close()  # the reader that read the timestamps stays out of workers
+            alignment = Alignment.build(
+                self.catalog, options.read_backend, options.align, options.fill
+            )
             if not alignment.identical:  # else positional rows: the fast path
                 if options.cache == "memory":
                     raise ValueError(
