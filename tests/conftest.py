@@ -163,3 +163,26 @@ def rows_of(small_expected):
         return found
 
     return rows
+
+
+def aligned(series: list[tuple[np.ndarray, np.ndarray]], align: str, fill: str):
+    """Return (times, values) of ``series`` aligned on time, computed one row at a time."""
+    sets = [set(t.tolist()) for t, _ in series]
+    rows = sorted(set.union(*sets) if align == "union" else set.intersection(*sets))
+    out = np.full((len(rows), len(series)), np.nan)
+    for k, (times, values) in enumerate(series):
+        for i, t in enumerate(rows):
+            earlier = np.flatnonzero(times <= t)
+            if t in sets[k]:
+                out[i, k] = values[earlier[-1]]
+            elif fill == "ffill" and len(earlier):
+                out[i, k] = values[earlier[-1]]
+            elif fill == "zero":
+                out[i, k] = 0.0
+    return np.array(rows, dtype=np.int64), out
+
+
+@pytest.fixture(scope="session")
+def expected_aligned():
+    """The function ``(series, align, fill) -> (times, values)`` of expected aligned rows."""
+    return aligned

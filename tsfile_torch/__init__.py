@@ -13,8 +13,17 @@ from .errors import (
     TsFileTorchError,
 )
 from .loader import make_loader
+from .normalize import Normalizer
 from .options import CACHE_MODES, DatasetOptions
 from .reader import BatchReader
+from .windows import (
+    TsFileWindowDataset,
+    WindowBatch,
+    WindowBatchSampler,
+    WindowInfo,
+    collate_windows,
+    make_window_loader,
+)
 
 __version__ = "0.1.0"
 
@@ -27,13 +36,20 @@ __all__ = [
     "EpochSampler",
     "MappingError",
     "RemoteError",
+    "Normalizer",
     "SchemaError",
     "TsFileDataset",
     "TsFileFormatError",
     "TsFileIterableDataset",
     "TsFileTorchError",
+    "TsFileWindowDataset",
+    "WindowBatch",
+    "WindowBatchSampler",
+    "WindowInfo",
     "build_catalog",
+    "collate_windows",
     "make_loader",
+    "make_window_loader",
     "open_reader",
     "parse_backend",
 ]

@@ -33,8 +33,10 @@ __all__ = [
     "ReadGroup",
     "Shard",
     "build_catalog",
+    "device_name",
     "expand_sources",
     "survey",
+    "subset_catalog",
 ]
 
 #: tsfile types read as numbers; every other type is left out of ``columns=None``.
@@ -513,6 +515,8 @@ def build_catalog(
     start_time: int | None = None,
     end_time: int | None = None,
     remote_options: remote.RemoteOptions | None = None,
+    *,
+    shared_timeline: bool = True,
 ) -> Catalog:
     """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
 
@@ -525,6 +529,11 @@ def build_catalog(
             a shard the range cuts has the timestamps of its rows in range read once, to count
             them (cost ~ the rows selected; a remote file is downloaded for this).
         remote_options: how URL sources are reached and cached (``None``: defaults).
+        shared_timeline: require every selected column to have the same row count and time
+            range (the row datasets need it). ``False`` keeps each column on its own timeline
+            (per-device windows): shards still get ``start_row`` along their own series, and
+            ``Catalog.num_rows`` / ``start_time`` / ``end_time`` are the largest / earliest /
+            latest over the columns.
 
     Raises:
         TsFileFormatError: a source is missing or not a readable TsFile.
@@ -537,16 +546,37 @@ def build_catalog(
         _restrict(selected, files, start_time, end_time)
     for col in selected:
         _place_shards(col, files)
-    _check_timeline(selected)
-    first = selected[0]
+    if shared_timeline:
+        _check_timeline(selected)
+    return _layout(tuple(files), selected)
+
+
+def _layout(files: tuple[FileInfo, ...], columns: Sequence[Column]) -> Catalog:
     return Catalog(
-        files=tuple(files),
-        columns=tuple(selected),
-        groups=_make_groups(selected),
-        num_rows=first.num_rows,
-        start_time=first.start_time,
-        end_time=first.end_time,
+        files=files,
+        columns=tuple(columns),
+        groups=_make_groups(columns),
+        num_rows=max(c.num_rows for c in columns),
+        start_time=min(c.start_time for c in columns),
+        end_time=max(c.end_time for c in columns),
     )
+
+
+def subset_catalog(catalog: Catalog, names: Sequence[str]) -> Catalog:
+    """Return a catalog of the columns ``names`` (exact names, in that order) of ``catalog``.
+
+    No metadata is read again; the result has no timeline check (see ``shared_timeline``).
+    """
+    by_name = {c.name: c for c in catalog.columns}
+    missing = [n for n in names if n not in by_name]
+    if missing or not names:
+        raise SchemaError(f"columns {missing} are not in the catalog; pick from its column_names")
+    return _layout(catalog.files, [by_name[n] for n in names])
+
+
+def device_name(device: tuple) -> str:
+    """Return the dotted name of a device tuple: ``('t', 'd0')`` -> ``'t.d0'``."""
+    return _device_name(device)
 
 
 def _add_statistic(col: Column, stat) -> None:
@@ -578,8 +608,8 @@ def _check_timeline(columns: Iterable[Column]) -> None:
             raise SchemaError(
                 f"columns do not share one timeline: {ref.name!r} has {ref.num_rows} rows in "
                 f"[{ref.start_time}, {ref.end_time}], {col.name!r} has {col.num_rows} rows in "
-                f"[{col.start_time}, {col.end_time}]; select columns with equal timestamps "
-                f"(time-aligned joins are not supported yet)"
+                f"[{col.start_time}, {col.end_time}]; select columns with equal timestamps or "
+                f"align them on time with align='union' or align='intersect'"
             )
 
 

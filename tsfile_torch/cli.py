@@ -50,6 +50,25 @@ def _scale(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_windows(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from . import bench_windows as bw
+
+    plan = bw.QUICK_WINDOWS if args.quick else bw.WindowBenchPlan()
+    plan = replace(plan, data=args.data, cache_dir=args.cache_dir)
+    if args.workers:
+        plan = replace(plan, workers=tuple(args.workers))
+    records = bw.run_window_benchmark(plan, progress=not args.no_progress)
+    print(bw.format_window_table(records))
+    if args.json:
+        with open(args.json, "a", encoding="utf-8") as fh:
+            for rec in records:
+                fh.write(json.dumps(rec) + "\n")
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0 if all(r["checksum_ok"] for r in records) else 1
+
+
 def _bench(args: argparse.Namespace) -> int:
     from . import bench
     from .remote import is_url
@@ -58,6 +77,9 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_remote(args)
     if args.scale:
         return _scale(args)
+    if args.windows:
+        return _bench_windows(args)
+    args.workers = args.workers or [0, 1, 2]
     data = args.data or bench.reference_data(args.cache_dir)
     if args.quick:
         plan = bench.BenchPlan(
@@ -189,7 +211,10 @@ def build_parser() -> argparse.ArgumentParser:
         default=["auto", "mmap", "pread"],
     )
     b.add_argument(
-        "--workers", nargs="+", type=int, help="DataLoader workers (default 0 1 2; URL: 0)"
+        "--workers",
+        nargs="+",
+        type=int,
+        help="DataLoader workers (default 0 1 2; URL: 0; windows: 0 2)",
     )
     b.add_argument("--caches", nargs="+", choices=["none", "memory"], default=["none", "memory"])
     b.add_argument(
@@ -204,6 +229,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="the scale benchmark: rows per file, number of files, columns, decode floor "
         "(data generated under --cache-dir, default ~/.cache/tsfile-torch/scale)",
+    )
+    b.add_argument(
+        "--windows",
+        action="store_true",
+        help="forecasting-window benchmark on a generated panel (64 devices x 8 fields x "
+        "200,000 rows; --data: a panel directory) beside TsFileDataFrame and in-memory numpy",
     )
     b.add_argument("--json", help="write one JSON record per configuration and round")
     b.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")

@@ -41,8 +41,10 @@ import torch
 import torch.utils.data as tud
 
 from . import sampling
+from .aligned import Alignment, several_timelines
 from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog
+from .normalize import Normalizer, make_normalizer, series_stats
 from .options import DatasetOptions
 from .reader import BatchReader, cache_cap
 
@@ -80,6 +82,7 @@ class _TsFileBase:
             start_time=options.start_time,
             end_time=options.end_time,
             remote_options=options.remote,
+            shared_timeline=options.align is None,
         )
         _warn_inexact_integers(self.catalog, options.dtype)
         for info in self.catalog.files:
@@ -91,6 +94,23 @@ class _TsFileBase:
         self._random = sharedctypes.RawValue("q", -1)
         self._reader: BatchReader | None = None
         self._reader_epoch = None
+        #: Time alignment of columns with different timestamps (None: positional rows).
+        self.alignment: Alignment | None = None
+        if options.align is not None and several_timelines(self.catalog):
+            alignment = Alignment.build(
+                self.catalog, options.read_backend, options.align, options.fill
+            )
+            if not alignment.identical:  # else positional rows: the fast path
+                if options.cache == "memory":
+                    raise ValueError(
+                        "cache='memory' keeps positional rows and cannot be combined with "
+                        "align= over columns with different timestamps; use cache='none'"
+                    )
+                self.alignment = alignment
+        #: Applied to every batch (``normalize=``); hand it to a validation dataset.
+        self.normalizer: Normalizer | None = make_normalizer(
+            options.normalize, self.columns, lambda exact: self.stats(exact)
+        )
 
     def _warn_if_batch_exceeds_cache(self) -> None:
         o = self.options
@@ -131,9 +151,19 @@ class _TsFileBase:
         """Column names, in output order (tsfile series naming: ``table.tag.field``)."""
         return self.catalog.column_names
 
+    def stats(self, exact: bool = False) -> dict[str, dict]:
+        """Return per-column statistics: metadata only, or with ``exact`` one pass adding std.
+
+        See :func:`tsfile_torch.normalize.series_stats`; they cover each column's whole series.
+        """
+        names = {name: [i] for i, name in enumerate(self.columns)}
+        return series_stats(
+            self.catalog, names, exact, self.options.read_backend, self.options.block_rows
+        )
+
     @property
     def num_rows(self) -> int:
-        return self.catalog.num_rows
+        return self.catalog.num_rows if self.alignment is None else self.alignment.num_rows
 
     @property
     def reader(self) -> BatchReader:
@@ -295,8 +325,13 @@ class _TsFileBase:
 
     def _batch(self, reader: BatchReader, start: int):
         stop = min(start + self.options.batch_size, self.num_rows)
-        random_access = self.random_batches is not None
-        values, times = reader.read(int(start), int(stop), random_access=random_access)
+        if self.alignment is None:
+            random_access = self.random_batches is not None
+            values, times = reader.read(int(start), int(stop), random_access=random_access)
+        else:
+            values, times = self.alignment.read(reader, int(start), int(stop))
+        if self.normalizer is not None:
+            values = self.normalizer(values, self.columns)
         tensor = torch.from_numpy(values)
         if self.options.dtype not in ("float32", "float64"):
             tensor = tensor.to(getattr(torch, self.options.dtype))
@@ -426,7 +461,8 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
             from ``torch.distributed``, else ``RANK`` / ``WORLD_SIZE``, else (0, 1), fixed now
             (see Note: rank capture).
         **kwargs: further :class:`~tsfile_torch.options.DatasetOptions` fields (``cache``,
-            ``cache_bytes``, ``block_rows``, ``return_timestamps``).
+            ``cache_bytes``, ``block_rows``, ``return_timestamps``, ``align``, ``fill``,
+            ``normalize``).
 
     Raises:
         TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: on bad input.

@@ -11,7 +11,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
+from .align import check_align
 from .backend import parse_backend
+from .normalize import NORMALIZE_METHODS, Normalizer
 from .openfiles import DEFAULT_MAX_OPEN_FILES
 from .reader import DEFAULT_BLOCK_ROWS
 from .remote import DEFAULT_CACHE_LIMIT, RemoteOptions
@@ -99,6 +101,14 @@ class DatasetOptions:
             unmap their file).
         index_cache: where timeline indexes are cached across processes and runs: ``True`` for
             ``~/.cache/tsfile-torch/index``, a directory path, or ``False`` for memory only.
+        align: ``None``: every column must share one timeline; ``"union"`` / ``"intersect"``:
+            rows are the union / intersection of the columns' timestamps (see
+            :mod:`tsfile_torch.aligned`).
+        fill: with ``align``, what a column holds at a row where it has no sample: ``"nan"``,
+            ``"ffill"`` (last earlier sample, NaN before the first) or ``"zero"``.
+        normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std:
+            one pass over the data when the dataset is built) or a
+            :class:`~tsfile_torch.normalize.Normalizer` naming every column.
     """
 
     columns: tuple[str, ...] | None = None
@@ -122,6 +132,9 @@ class DatasetOptions:
     end_time: int | None = None
     max_open_files: int = DEFAULT_MAX_OPEN_FILES
     index_cache: bool | str = True
+    align: str | None = None
+    fill: str = "nan"
+    normalize: str | Normalizer | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -173,6 +186,16 @@ class DatasetOptions:
         if not isinstance(self.index_cache, (bool, str)):
             raise TypeError(
                 f"index_cache should be True, False or a directory path, got {self.index_cache!r}"
+            )
+        check_align(self.align, self.fill)
+        if not (
+            self.normalize is None
+            or isinstance(self.normalize, Normalizer)
+            or self.normalize in NORMALIZE_METHODS
+        ):
+            raise ValueError(
+                f"normalize must be None, 'minmax', 'standard' or a Normalizer; "
+                f"got {self.normalize!r}"
             )
         if self.random_batches is not None and self.shuffle:
             raise ValueError(

@@ -31,9 +31,13 @@ __all__ = [
     "REFERENCE",
     "DatasetSpec",
     "value_of",
+    "panel_device_times",
+    "write_panel",
     "write_reference",
+    "write_table_devices",
     "write_table_files",
     "write_tree_file",
+    "write_tree_series",
 ]
 
 
@@ -228,4 +232,120 @@ def write_reference(directory: str | os.PathLike, spec: DatasetSpec = REFERENCE)
     paths = write_table_files(directory, spec)
     with open(marker, "w", encoding="utf-8") as fh:
         fh.write(f"{spec}\n")
+    return paths
+
+
+# -- panels: devices with their own timestamps (forecasting windows) ------------------------------
+
+
+def write_table_devices(
+    path: str | os.PathLike,
+    table: str,
+    fields: list[str],
+    devices: dict[str, tuple[np.ndarray, np.ndarray]],
+    tag: str = "id",
+) -> str:
+    """Write one table-model file: ``devices`` maps a tag value to ``(times, values)``.
+
+    ``values`` is a float64 ``(rows, len(fields))`` array written as DOUBLE fields (NaN: null).
+    Each device keeps its own timestamps. Returns the path.
+    """
+    path = os.fspath(path)
+    if os.path.exists(path):
+        os.remove(path)
+    schema = TableSchema(
+        table,
+        [ColumnSchema(tag, TSDataType.STRING, ColumnCategory.TAG)]
+        + [ColumnSchema(f, TSDataType.DOUBLE, ColumnCategory.FIELD) for f in fields],
+    )
+    writer = TsFileTableWriter(path, schema)
+    try:
+        for name, (times, values) in devices.items():
+            values = np.asarray(values, dtype=np.float64).reshape(len(times), len(fields))
+            data = {"time": pa.array(np.asarray(times, dtype=np.int64)), tag: [name] * len(times)}
+            for j, f in enumerate(fields):
+                data[f] = pa.array(values[:, j], pa.float64(), mask=np.isnan(values[:, j]))
+            writer.writer.write_arrow_batch(table, pa.table(data), 0)
+    finally:
+        writer.close()
+    return path
+
+
+def write_tree_series(
+    path: str | os.PathLike, series: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]]
+) -> str:
+    """Write one tree-model file of non-aligned DOUBLE series, each with its own timestamps.
+
+    ``series`` maps a device path (``root.sg.d1``) to ``{measurement: (times, values)}``.
+    Returns the path.
+    """
+    from tsfile import Tablet
+
+    path = os.fspath(path)
+    if os.path.exists(path):
+        os.remove(path)
+    writer = TsFileWriter(path)
+    try:
+        for device, measurements in series.items():
+            writer.register_device(
+                DeviceSchema(
+                    device,
+                    [
+                        TimeseriesSchema(m, TSDataType.DOUBLE, TSEncoding.GORILLA, Compressor.LZ4)
+                        for m in measurements
+                    ],
+                )
+            )
+        for device, measurements in series.items():
+            for m, (times, values) in measurements.items():
+                for s in range(0, len(times), 4096):
+                    n = min(4096, len(times) - s)
+                    tablet = Tablet([m], [TSDataType.DOUBLE], n)
+                    tablet.set_table_name(device)
+                    tablet.set_timestamp_list([int(t) for t in times[s : s + n]])
+                    for i in range(n):
+                        tablet.add_value_by_index(0, i, float(values[s + i]))
+                    writer.write_tablet(tablet)
+    finally:
+        writer.close()
+    return path
+
+
+def panel_device_times(device: int, rows) -> np.ndarray:
+    """Return the timestamps of ``rows`` of device ``device`` in :func:`write_panel` data.
+
+    Device ``d`` starts at time ``d`` and samples every ``d % 3 + 1`` time units, so no two
+    neighbouring devices share timestamps.
+    """
+    return device + np.asarray(rows, dtype=np.int64) * (device % 3 + 1)
+
+
+def write_panel(
+    directory: str | os.PathLike,
+    num_devices: int = 4,
+    num_fields: int = 2,
+    num_rows: int | list[int] = 1000,
+    num_files: int = 2,
+    table: str = "meters",
+) -> list[str]:
+    """Write a table-model panel: devices ``{table}.s{d}`` with their own timestamps.
+
+    Field ``f{j}`` of device ``d`` at device row ``r`` is ``value_of(d, j, r)``; timestamps are
+    :func:`panel_device_times`. Each device's rows are split evenly over ``num_files`` files
+    (``panel000.tsfile``...), so every series continues across files. ``num_rows`` is one count
+    for all devices or one per device. Returns the paths.
+    """
+    counts = [num_rows] * num_devices if isinstance(num_rows, int) else list(num_rows)
+    fields = [f"f{j}" for j in range(num_fields)]
+    os.makedirs(directory, exist_ok=True)
+    paths = []
+    for f in range(num_files):
+        devices = {}
+        for d, n in enumerate(counts):
+            rows = np.arange(n * f // num_files, n * (f + 1) // num_files)
+            if len(rows):
+                values = np.stack([value_of(d, j, rows) for j in range(num_fields)], axis=1)
+                devices[f"s{d}"] = (panel_device_times(d, rows), values)
+        path = os.path.join(os.fspath(directory), f"panel{f:03d}.tsfile")
+        paths.append(write_table_devices(path, table, fields, devices))
     return paths

@@ -1,0 +1,318 @@
+"""Forecasting-window benchmark (``tsfile-torch bench --windows``).
+
+On a generated panel (devices with their own timestamps, every series split across files) it
+times one shuffled epoch of all windows (``context_length`` + ``horizon`` rows, ``stride``,
+``batch_size`` windows per batch) through:
+- tsfile-torch streaming: :class:`~tsfile_torch.windows.WindowBatchSampler` (shuffle inside
+  groups of blocks) with an LRU that holds only the blocks in play, 0 and 2 workers;
+- tsfile-torch cached: ``cache="memory"`` and a plain ``RandomSampler``, the second epoch (the
+  first decodes), 0 and 2 workers;
+- one sequential streaming epoch (windows in order) over the same rows, the cost floor;
+- TsFileDataFrame, the official route: one ``.loc`` per window, over the first
+  ``dataframe_windows`` windows of the shuffled order, scaled to the epoch (it is too slow to run
+  whole);
+- an in-memory numpy reference: the same shuffled batches gathered from preloaded arrays.
+Every route's checksum (order-free sum of float32 bit patterns) must equal the reference's over the
+same windows. Times use ``time.perf_counter``; ratios are taken within the run.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from . import synthetic
+from .bench import environment
+from .loader import worker_context
+from .windows import (
+    TsFileWindowDataset,
+    WindowBatch,
+    _batch_array,
+    collate_windows,
+    make_window_loader,
+)
+
+__all__ = ["QUICK_WINDOWS", "WindowBenchPlan", "format_window_table", "run_window_benchmark"]
+
+
+@dataclass(frozen=True)
+class WindowBenchPlan:
+    """What one window benchmark run measures."""
+
+    data: str | None = None  # a panel directory; None: generate one under cache_dir
+    cache_dir: str | None = None
+    num_devices: int = 64
+    num_fields: int = 8
+    num_rows: int = 200_000
+    num_files: int = 4
+    context_length: int = 96
+    horizon: int = 24
+    stride: int = 24
+    batch_size: int = 256
+    workers: tuple[int, ...] = (0, 2)
+    blocks_per_shuffle: int = 16
+    dataframe_windows: int = 512
+    seed: int = 0
+
+
+#: A run of a few seconds for tests and smoke checks.
+QUICK_WINDOWS = WindowBenchPlan(
+    num_devices=8, num_fields=4, num_rows=12_000, num_files=2, workers=(0,), dataframe_windows=32
+)
+
+
+def _checksum(array) -> int:
+    a = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
+    return int(a.view(np.uint32).sum(dtype=np.uint64))
+
+
+def panel_paths(plan: WindowBenchPlan) -> list[str]:
+    """Return the panel's files, generating them (once, with a marker) if needed."""
+    if plan.data is not None:
+        return sorted(
+            os.path.join(plan.data, f) for f in os.listdir(plan.data) if f.endswith(".tsfile")
+        )
+    name = f"panel-{plan.num_devices}x{plan.num_fields}x{plan.num_rows}-{plan.num_files}"
+    directory = os.path.join(plan.cache_dir or tempfile.gettempdir(), f"tsfile-torch-{name}")
+    marker = os.path.join(directory, ".complete")
+    if not os.path.exists(marker):
+        synthetic.write_panel(
+            directory, plan.num_devices, plan.num_fields, plan.num_rows, plan.num_files
+        )
+        with open(marker, "w", encoding="utf-8") as fh:
+            fh.write(f"{plan}\n")
+    return panel_paths(WindowBenchPlan(data=directory))
+
+
+def _dataset(plan: WindowBenchPlan, paths, **kwargs) -> TsFileWindowDataset:
+    return TsFileWindowDataset(
+        paths, plan.context_length, plan.horizon, plan.stride, read_backend="auto", **kwargs
+    )
+
+
+def _epoch(loader) -> tuple[float, int, int]:
+    """Consume one epoch; return (seconds, windows, checksum of x and y)."""
+    total, count = 0, 0
+    t0 = time.perf_counter()
+    for x, y in loader:
+        total += _checksum(x) + _checksum(y)
+        count += len(x)
+    return time.perf_counter() - t0, count, total % (1 << 64)
+
+
+def _loader(ds, plan: WindowBenchPlan, workers: int, **kwargs) -> tud.DataLoader:
+    extra = {}
+    if workers:
+        extra = {"persistent_workers": True, "multiprocessing_context": worker_context()}
+    return tud.DataLoader(ds, num_workers=workers, **kwargs, **extra)
+
+
+def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[dict]:
+    """Run every route once; return one record per route (seconds, windows/s, checksum ok)."""
+    paths = panel_paths(plan)
+    stream = _dataset(plan, paths)
+    block_bytes = stream.block_rows * (len(stream.fields) * 4 + 8)
+    # streaming: the LRU holds the blocks in play (a group, its neighbours), not the panel
+    stream = _dataset(plan, paths, cache_bytes=(plan.blocks_per_shuffle + 4) * block_bytes)
+    num_windows = len(stream)
+    order = np.random.default_rng(plan.seed).permutation(num_windows)
+    bs = plan.batch_size
+
+    # in-memory numpy reference: every device preloaded into one array, one gather per batch
+    parts, stream_times = [], []
+    for k, d in enumerate(stream._devices):
+        times, values = stream._rows(k, 0, d.num_rows)
+        parts.append(values.copy())
+        stream_times.append(times.copy())
+    stream.close()
+    offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
+    panel = np.concatenate(parts)
+    del parts
+    located = stream._locate_many(np.arange(num_windows))
+    global_rows = offsets[located[0]] + located[1]
+    steps = np.arange(plan.context_length + plan.horizon)
+    c = plan.context_length
+
+    def reference_batches(indices):
+        return panel[global_rows[indices, None] + steps]
+
+    def reference_epoch():
+        total = 0
+        t0 = time.perf_counter()
+        for s in range(0, num_windows, bs):
+            batch = reference_batches(order[s : s + bs])
+            x, y = torch.from_numpy(batch[:, :c]), torch.from_numpy(batch[:, c:])
+            total += _checksum(x) + _checksum(y)
+        return time.perf_counter() - t0, total % (1 << 64)
+
+    ref_seconds, expected = reference_epoch()
+    records = [
+        {
+            "route": "in-memory numpy reference",
+            "seconds": ref_seconds,
+            "windows": num_windows,
+            "checksum_ok": True,
+        }
+    ]
+
+    # the same reference served through DataLoader workers (what workers cost by themselves)
+    reference = _ReferenceWindows(panel, global_rows, steps, c)
+    batches = [order[s : s + bs].tolist() for s in range(0, num_windows, bs)]
+    for workers in [w for w in plan.workers if w]:
+        loader = _loader(
+            reference, plan, workers, batch_sampler=batches, collate_fn=collate_windows
+        )
+        _epoch(loader)  # the first pays worker start-up
+        s, n, total = _epoch(loader)
+        records.append(
+            {
+                "route": f"in-memory numpy reference, workers={workers}",
+                "seconds": s,
+                "windows": n,
+                "checksum_ok": total == expected,
+            }
+        )
+        del loader
+
+    def add(route, seconds, windows, total, want=expected, extra=None):
+        rec = {"route": route, "seconds": seconds, "windows": windows, "checksum_ok": total == want}
+        rec.update(extra or {})
+        records.append(rec)
+        if progress:
+            print(f"{route}: {seconds:.3f} s", flush=True)
+
+    # one sequential streaming epoch over the same windows (the cost floor of streaming)
+    s, n, total = _epoch(make_window_loader(stream, bs, shuffle=False))
+    add("tsfile-torch sequential streaming, workers=0", s, n, total)
+    stream.close()
+
+    for workers in plan.workers:
+        loader = make_window_loader(
+            stream,
+            bs,
+            seed=plan.seed,
+            blocks_per_shuffle=plan.blocks_per_shuffle,
+            num_workers=workers,
+        )
+        for epoch in range(2):  # the first pays worker start-up; report the second
+            loader.batch_sampler.set_epoch(epoch)
+            s, n, total = _epoch(loader)
+        add(f"tsfile-torch streaming shuffled, workers={workers}", s, n, total)
+        del loader
+        stream.close()
+
+    cached = _dataset(plan, paths, cache="memory")
+    for workers in plan.workers:
+        sampler = tud.RandomSampler(cached, generator=torch.Generator().manual_seed(plan.seed))
+        loader = _loader(
+            cached, plan, workers, batch_size=bs, sampler=sampler, collate_fn=collate_windows
+        )
+        first = _epoch(loader)[0]
+        s, n, total = _epoch(loader)
+        add(
+            f"tsfile-torch cached (memory), workers={workers}",
+            s,
+            n,
+            total,
+            extra={"first_epoch_seconds": first},
+        )
+        del loader
+        cached.close()
+
+    # TsFileDataFrame: one .loc per window, the first windows of the shuffled order, scaled
+    from tsfile import TsFileDataFrame
+
+    sample = order[: plan.dataframe_windows]
+    frame = TsFileDataFrame(paths, show_progress=False)
+    try:
+        total = 0
+        t0 = time.perf_counter()
+        for i in sample:
+            k, row = int(located[0][i]), int(located[1][i])
+            device = stream._devices[k]
+            t_first = int(stream_times[k][row])
+            t_last = int(stream_times[k][row + len(steps) - 1])
+            names = [f"{device.name}.{f}" for f in stream.fields]
+            window = np.asarray(frame.loc[t_first:t_last, names].values, dtype=np.float32)
+            total += _checksum(window[:c]) + _checksum(window[c:])
+        seconds = time.perf_counter() - t0
+    finally:
+        frame.close()
+    want = (
+        sum(
+            _checksum(b[:, :c]) + _checksum(b[:, c:])
+            for b in (reference_batches(sample[s : s + bs]) for s in range(0, len(sample), bs))
+        )
+    ) % (1 << 64)
+    add(
+        "TsFileDataFrame windows one by one (scaled)",
+        seconds * num_windows / len(sample),
+        num_windows,
+        total % (1 << 64),
+        want=want,
+        extra={"measured_windows": len(sample), "measured_seconds": seconds},
+    )
+    return _with_ratios(records, plan)
+
+
+class _ReferenceWindows(tud.Dataset):
+    """Windows gathered from one preloaded array: the in-memory reference, as a dataset."""
+
+    def __init__(self, panel, global_rows, steps, context_length):
+        self.panel, self.global_rows = panel, global_rows
+        self.steps, self.c = steps, context_length
+
+    def __len__(self) -> int:
+        return len(self.global_rows)
+
+    def __getitems__(self, indices):
+        shape = (len(indices), len(self.steps), self.panel.shape[1])
+        out = _batch_array(shape, self.panel.dtype)
+        np.take(self.panel, self.global_rows[np.asarray(indices), None] + self.steps, 0, out=out)
+        return WindowBatch((torch.from_numpy(out[:, : self.c]), torch.from_numpy(out[:, self.c :])))
+
+
+def _with_ratios(records: list[dict], plan: WindowBenchPlan) -> list[dict]:
+    by = {r["route"]: r for r in records}
+    frame = by["TsFileDataFrame windows one by one (scaled)"]["seconds"]
+    seq = by["tsfile-torch sequential streaming, workers=0"]["seconds"]
+    env = environment()
+    for r in records:
+        workers = r["route"].rsplit("workers=", 1)[1] if "workers=" in r["route"] else "0"
+        ref = by.get(
+            f"in-memory numpy reference, workers={workers}", by["in-memory numpy reference"]
+        )
+        r["windows_per_s"] = r["windows"] / r["seconds"]
+        r["x_dataframe"] = frame / r["seconds"]
+        r["of_reference"] = ref["seconds"] / r["seconds"]
+        r["x_sequential_cost"] = r["seconds"] / seq
+        r["plan"] = asdict(plan)
+        r["environment"] = env
+    return records
+
+
+def format_window_table(records: list[dict]) -> str:
+    """Return a text table: seconds, windows/s and the ratios the targets are stated in.
+
+    ``x frame``: TsFileDataFrame seconds / route seconds; ``of ref``: the in-memory reference's
+    seconds (with the same number of workers) / route seconds; ``x seq``: route seconds / one
+    sequential streaming epoch's seconds (workers=0).
+    """
+    head = (
+        f"{'route':<48} {'s/epoch':>9} {'windows/s':>11} {'x frame':>8} {'of ref':>7} "
+        f"{'x seq':>6}  checksum"
+    )
+    lines = [head, "-" * len(head)]
+    for r in records:
+        lines.append(
+            f"{r['route']:<48} {r['seconds']:>9.3f} {r['windows_per_s']:>11,.0f} "
+            f"{r['x_dataframe']:>8.1f} {r['of_reference']:>7.2f} {r['x_sequential_cost']:>6.2f}  "
+            f"{'ok' if r['checksum_ok'] else 'MISMATCH'}"
+        )
+    return "\n".join(lines)
