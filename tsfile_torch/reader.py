@@ -367,7 +367,7 @@ class BatchReader:
         return (
             f"columns {names} do not share timestamps with column "
             f"{self.catalog.columns[0].name!r} {where}; select columns with equal "
-            f"timestamps (time-aligned joins are not supported yet)"
+            f"timestamps, or pass align='union' / 'intersect' to join them on time"
         )
 
     # -- blocks -----------------------------------------------------------------------------
