@@ -5,7 +5,14 @@ from __future__ import annotations
 from .backend import BACKENDS, open_reader, parse_backend
 from .catalog import Catalog, build_catalog
 from .datasets import TsFileDataset, TsFileIterableDataset
-from .errors import MappingError, SchemaError, TsFileFormatError, TsFileTorchError
+from .errors import (
+    MappingError,
+    SchemaError,
+    TsFileFormatError,
+    TsFileTorchError,
+    WorkerError,
+)
+from . import forkfix
 from .loader import make_loader
 from .options import CACHE_MODES, DatasetOptions
 from .reader import BatchReader
@@ -24,6 +31,7 @@ __all__ = [
     "TsFileFormatError",
     "TsFileIterableDataset",
     "TsFileTorchError",
+    "WorkerError",
     "build_catalog",
     "make_loader",
     "open_reader",

@@ -55,6 +55,10 @@ class FileInfo:
     name: str
     nbytes: int
     mtime_ns: int
+    #: identity checked before every block read (see tsfile_torch.integrity)
+    ctime_ns: int = 0
+    inode: int = 0
+    device_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,13 @@ class Shard:
     start_time: int
     end_time: int
     start_row: int = 0
+    #: the series' value statistics in this file (checked against decoded values; None: absent)
+    num_values: int | None = None
+    min: float | None = None
+    max: float | None = None
+    sum: float | None = None
+    first: float | None = None
+    last: float | None = None
 
 
 @dataclass
@@ -236,7 +247,16 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
         reader.close()
     if isinstance(source, (str, os.PathLike)):
         st = os.stat(source)
-        info = FileInfo(index, os.fspath(source), name, st.st_size, st.st_mtime_ns)
+        info = FileInfo(
+            index,
+            os.fspath(source),
+            name,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            st.st_ino,
+            st.st_dev,
+        )
     else:
         pos = source.tell()
         nbytes = source.seek(0, os.SEEK_END)
@@ -270,12 +290,27 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
                 num_rows=timeline.row_count,
                 start_time=timeline.start_time,
                 end_time=timeline.end_time,
+                **_shard_statistics(ts.statistic),
             )
             dtype = NUMERIC_TYPES.get(ts.data_type, ts.data_type.name)
             fields.append(
                 (f"{_device_name(device)}.{ts.measurement_name}", dtype, shard, ts.statistic)
             )
     return info, fields
+
+
+def _shard_statistics(stat) -> dict:
+    if not getattr(stat, "has_statistic", False):
+        return {}
+    total = getattr(stat, "sum", None)
+    return {
+        "num_values": stat.row_count,
+        "min": _stat_value(stat, "min"),
+        "max": _stat_value(stat, "max"),
+        "sum": None if total is None else float(total),
+        "first": _stat_value(stat, "first"),
+        "last": _stat_value(stat, "last"),
+    }
 
 
 def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> list[Column]:

@@ -23,9 +23,11 @@ import torch.utils.data as tud
 
 from . import sampling
 from .backend import Source, check_backend
-from .catalog import Catalog, build_catalog
+from .catalog import Catalog, build_catalog, expand_sources
 from .options import DatasetOptions
 from .reader import BatchReader
+from .validate import check_sources
+from .workers import ReadSlots, die_with_parent
 
 __all__ = ["TsFileDataset", "TsFileIterableDataset"]
 
@@ -37,6 +39,9 @@ class _TsFileBase:
 
     def __init__(self, sources: Source | Sequence[Source], options: DatasetOptions):
         self.options = options
+        sources = expand_sources(sources)
+        if options.validate:  # first contact with each file in a child (Note: validation child)
+            check_sources(sources)
         self.catalog: Catalog = build_catalog(sources, options.columns)
         for info in self.catalog.files:
             check_backend(info.source, options.read_backend)
@@ -46,6 +51,7 @@ class _TsFileBase:
         self._local_epoch = -1
         self._reader: BatchReader | None = None
         self._reader_epoch = None
+        self._slots: ReadSlots | None = ReadSlots()  # Note: worker reports (workers.py)
 
     # -- pickling: no native handles, shared epoch only while spawning workers ------------
     def __getstate__(self):
@@ -55,6 +61,7 @@ class _TsFileBase:
         if not _spawning():
             state["_epoch"] = int(self._epoch.value)
             state["_random"] = int(self._random.value)
+            state["_slots"] = None
         return state
 
     def __setstate__(self, state):
@@ -85,9 +92,16 @@ class _TsFileBase:
                 malloc_tuning=self.options.malloc_tuning,
                 decode_threads=self._decode_threads(),
                 cache_bytes=self.options.cache_bytes,
+                check_statistics=self.options.check_statistics,
             )
             if self.options.cache == "memory":
                 self._reader.keep_all()
+            info = tud.get_worker_info()
+            if info is not None:  # Note: worker reports (workers.py)
+                die_with_parent()
+                if self._slots is not None:
+                    slots, worker = self._slots, info.id
+                    self._reader.on_read = lambda text: slots.write(worker, text)
         return self._reader
 
     def _decode_threads(self) -> int:

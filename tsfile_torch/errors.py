@@ -5,7 +5,7 @@ Every error names the file, column or argument at fault, the rule that was broke
 
 from __future__ import annotations
 
-__all__ = ["TsFileTorchError", "TsFileFormatError", "MappingError", "SchemaError"]
+__all__ = ["TsFileTorchError", "TsFileFormatError", "MappingError", "SchemaError", "WorkerError"]
 
 
 class TsFileTorchError(Exception):
@@ -22,3 +22,7 @@ class MappingError(TsFileTorchError):
 
 class SchemaError(TsFileTorchError):
     """The selected columns cannot form one table: unknown, non-numeric or misaligned columns."""
+
+
+class WorkerError(TsFileTorchError):
+    """A DataLoader worker died or stalled; the message names the file and rows it was reading."""

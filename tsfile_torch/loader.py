@@ -8,10 +8,16 @@ import warnings
 import torch
 import torch.utils.data as tud
 
-from .backend import fork_safe
 from .datasets import TsFileDataset, TsFileIterableDataset
+from .forkfix import fork_safe
+from .workers import explain_worker_failure
 
-__all__ = ["make_loader", "worker_context"]
+__all__ = ["make_loader", "worker_context", "default_timeout", "TsFileDataLoader"]
+
+#: seconds every worker batch may take at least (starting a worker and opening files included)
+MIN_TIMEOUT_S = 120.0
+#: seconds per decoded value added on top: 20x the ~0.1 us per value measured, for slow disks
+TIMEOUT_S_PER_VALUE = 2e-6
 
 _PRELOAD = ["torch", "tsfile_torch"]
 
@@ -34,6 +40,49 @@ def worker_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("spawn")
 
 
+def default_timeout(dataset: TsFileIterableDataset | TsFileDataset) -> float:
+    """Return the DataLoader ``timeout`` make_loader sets: generous for one block of reads.
+
+    A batch may have to decode one block of every read group first: ``block_rows`` rows of
+    every column. ``MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * block_rows * num_columns`` seconds.
+    """
+    values = dataset.options.block_rows * len(dataset.columns)
+    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * values
+
+
+class _GuardedIterator:
+    """Wraps a DataLoader iterator: a dead or stalled worker becomes a WorkerError."""
+
+    def __init__(self, inner, dataset):
+        self._inner = inner
+        self._dataset = dataset
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __next__(self):
+        try:
+            return next(self._inner)
+        except RuntimeError as err:
+            better = explain_worker_failure(err, getattr(self._dataset, "_slots", None))
+            if better is None:
+                raise
+            raise better from err
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class TsFileDataLoader(tud.DataLoader):
+    """A DataLoader whose worker deaths and timeouts name the file and rows being read."""
+
+    def __iter__(self):
+        return _GuardedIterator(super().__iter__(), self.dataset)
+
+
 def make_loader(
     dataset: TsFileIterableDataset | TsFileDataset,
     num_workers: int = 0,
@@ -46,7 +95,9 @@ def make_loader(
 
     The dataset already batches, so ``batch_size=None``; workers are persistent so each keeps its
     readers and memory maps across epochs; workers start through :func:`worker_context` (fork
-    made safe for tsfile, or forkserver); memory is pinned when CUDA is available.
+    made safe for tsfile, or forkserver); memory is pinned when CUDA is available. With workers,
+    ``timeout`` defaults to :func:`default_timeout`, and a worker that dies or stalls is a
+    :class:`~tsfile_torch.WorkerError` naming the file and rows it was reading.
 
     Args:
         dataset: a tsfile-torch dataset.
@@ -91,6 +142,8 @@ def make_loader(
     kwargs.setdefault("persistent_workers", num_workers > 0)
     if num_workers > 0 and kwargs.get("multiprocessing_context") is None:
         kwargs["multiprocessing_context"] = worker_context()
-    return tud.DataLoader(
+    if num_workers > 0:
+        kwargs.setdefault("timeout", default_timeout(dataset))
+    return TsFileDataLoader(
         dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
     )

@@ -72,6 +72,12 @@ class DatasetOptions:
         decode_threads: threads decoding different files / devices at once in a reading
             process; ``None``: up to 4 (the CPU count) with ``num_workers=0``, 1 inside
             DataLoader workers (the workers already use the cores).
+        validate: check every file's metadata and first chunks in a child process when the
+            dataset is built, so a file that crashes tsfile's native reader is a
+            ``TsFileFormatError`` instead (see :mod:`tsfile_torch.validate`); ``False`` skips it
+            for trusted data.
+        check_statistics: cross-check every decoded block against the file's metadata
+            statistics (see :mod:`tsfile_torch.integrity`).
     """
 
     columns: tuple[str, ...] | None = None
@@ -88,6 +94,8 @@ class DatasetOptions:
     return_timestamps: bool = False
     malloc_tuning: bool = True
     decode_threads: int | None = None
+    validate: bool = True
+    check_statistics: bool = True
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -110,6 +118,8 @@ class DatasetOptions:
         _bool("drop_last", self.drop_last)
         _bool("return_timestamps", self.return_timestamps)
         _bool("malloc_tuning", self.malloc_tuning)
+        _bool("validate", self.validate)
+        _bool("check_statistics", self.check_statistics)
         _positive_int("decode_threads", self.decode_threads, allow_none=True)
         if isinstance(self.seed, bool) or not isinstance(self.seed, int) or self.seed < 0:
             raise TypeError(f"seed should be a non-negative integer, but got seed={self.seed!r}")

@@ -25,6 +25,7 @@ import pyarrow.compute as pc
 from .backend import open_reader
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
+from .integrity import StatisticsCheck, check_unchanged
 
 __all__ = ["BatchReader", "DEFAULT_BLOCK_ROWS", "default_cache_bytes", "tune_malloc"]
 
@@ -113,6 +114,7 @@ class BatchReader:
         cache_bytes: int | None = None,
         malloc_tuning: bool = True,
         decode_threads: int = 1,
+        check_statistics: bool = True,
     ):
         self.catalog = catalog
         self.malloc_tuning = malloc_tuning
@@ -149,6 +151,11 @@ class BatchReader:
         self._read_order = sorted(
             range(len(catalog.groups)), key=lambda i: i not in self._ref_groups
         )
+        # -- issue 7 integrity hooks (Note: integrity hooks in tsfile_torch.integrity) ---------
+        self.statistics = StatisticsCheck(catalog, self.dtype) if check_statistics else None
+        #: called with a description of each native read before it starts, and with None after
+        #: it (DataLoader workers record it so the main process can name a crashed read)
+        self.on_read = None
 
     # -- lifetime -------------------------------------------------------------------------
     def __getstate__(self):
@@ -207,26 +214,12 @@ class BatchReader:
         return _Block(np.empty(n, dtype=np.int64), np.empty((k, n), dtype=self.dtype))
 
     def check_unchanged(self) -> None:
-        """Raise if a source file's size or mtime differs from when the catalog was built.
+        """Raise TsFileFormatError if a source file changed since the catalog was built.
 
-        A mapped file must not be modified or truncated while mapped (upstream's rule): failing
-        here replaces a SIGBUS or silently wrong rows with a clear error.
+        See :func:`tsfile_torch.integrity.check_unchanged` (size, mtime, ctime, inode).
         """
         for info in self.catalog.files:
-            if not isinstance(info.source, str):
-                continue
-            try:
-                st = os.stat(info.source)
-            except OSError as err:
-                raise TsFileFormatError(
-                    f"{info.name}: file disappeared while in use ({err}); rebuild the dataset"
-                ) from err
-            if (st.st_size, st.st_mtime_ns) != (info.nbytes, info.mtime_ns):
-                raise TsFileFormatError(
-                    f"{info.name}: file changed while in use (size {info.nbytes} -> "
-                    f"{st.st_size}, mtime changed: {st.st_mtime_ns != info.mtime_ns}); files must "
-                    f"not be modified while a dataset reads them: rebuild the dataset"
-                )
+            check_unchanged(info)
 
     def _reader(self, file_index: int):
         if self.pid != os.getpid():
@@ -286,6 +279,9 @@ class BatchReader:
     def _decode(self, group_index: int, start: int, num_rows: int) -> _Block:
         """Decode local rows [start, start + num_rows) of one group."""
         group = self.catalog.groups[group_index]
+        check_unchanged(self.catalog.files[group.file_index])  # issue 7 hook: before every read
+        if self.on_read is not None:  # issue 7 hook: what this process is about to read
+            self.on_read(self._describe(group, start, num_rows))
         reader = self._reader(group.file_index)
         handles = self._handles(group_index)
         out = self._buffers(len(handles), num_rows)  # no spares without a cache: a new block
@@ -314,6 +310,10 @@ class BatchReader:
                         pos += n
                 if pos != num_rows:
                     raise TsFileFormatError(self._lost(group, start, num_rows, pos))
+            if self.statistics is not None:  # issue 7 hook: decoded values vs metadata
+                self.statistics.block(group_index, start, times, values)
+            if self.on_read is not None:
+                self.on_read(None)
             with self._lock:
                 self.decoded_rows += num_rows
         except (TsFileFormatError, SchemaError):
@@ -342,6 +342,13 @@ class BatchReader:
             )
         block = self._decode(group_index, start, stop - start)
         return block.times, block.values
+
+    def _describe(self, group: ReadGroup, start: int, num_rows: int) -> str:
+        info = self.catalog.files[group.file_index]
+        return (
+            f"{info.name}: device {'.'.join(map(str, group.device))}, rows [{start}, "
+            f"{start + num_rows}) of the file ({self.backends.get(group.file_index, self.read_backend)})"
+        )
 
     def _lost(self, group: ReadGroup, start: int, num_rows: int, got: int) -> str:
         info = self.catalog.files[group.file_index]

@@ -1,0 +1,199 @@
+"""Integrity checks on what is read: files unchanged, decoded values consistent with metadata.
+
+Two checks, both called by the reader around each native read (Note: integrity hooks):
+
+- :func:`check_unchanged` before every block read: one ``os.stat`` of the file, compared with the
+  size, mtime, ctime, inode and device recorded when the catalog was built. ctime changes on every
+  write whatever ``cp -p`` or ``rsync -t`` do to mtime, and a rename over the file changes the
+  inode. A change is a :class:`TsFileFormatError` naming the file.
+- :class:`StatisticsCheck` after every decoded block: row count (the reader's own check),
+  timestamps strictly increasing, the first / last timestamp and value of each series where the
+  block holds the series' first / last row, every value inside the series' [min, max], and, once a
+  process has decoded every row of a series in one file, its sum. A mismatch is a
+  :class:`TsFileFormatError` naming the file, the series and the rows.
+
+What this cannot catch: TsFile pages carry no checksum, so damage that decodes to plausible values
+(inside [min, max], timestamps still increasing, rows the sum check never sees whole) is not
+detected. The sum check needs one process to decode all rows of a series in a file: with
+DataLoader workers each worker decodes only its share, so only the other checks apply there.
+
+The reader must call (hooks, in this order, for every native read of group rows [start, stop)):
+``check_unchanged(info)`` before the read, ``check.block(group_index, start, times, values)``
+after it, with ``values`` as ``(len(group.columns), n)`` in the output dtype (NaN for nulls).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .catalog import Catalog, FileInfo, ReadGroup
+from .errors import TsFileFormatError
+
+__all__ = ["check_unchanged", "identity_of", "StatisticsCheck"]
+
+
+def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """Return (size, mtime_ns, ctime_ns, inode, device) of a stat result."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def check_unchanged(info: FileInfo) -> None:
+    """Raise if the file at ``info.source`` is not the one the catalog was built from.
+
+    File objects are checked by size only.
+
+    Raises:
+        TsFileFormatError: the file was deleted, replaced, truncated, extended or written to.
+    """
+    if not isinstance(info.source, str):
+        pos = info.source.tell()
+        size = info.source.seek(0, os.SEEK_END)
+        info.source.seek(pos)
+        if size != info.nbytes:
+            raise TsFileFormatError(
+                f"{info.name}: file object changed while in use (size {info.nbytes} -> {size}); "
+                f"rebuild the dataset"
+            )
+        return
+    try:
+        st = os.stat(info.source)
+    except OSError as err:
+        raise TsFileFormatError(
+            f"{info.name}: file disappeared while in use ({err}); files must not be moved or "
+            f"deleted while a dataset reads them: rebuild the dataset"
+        ) from err
+    now = identity_of(st)
+    then = (info.nbytes, info.mtime_ns, info.ctime_ns, info.inode, info.device_id)
+    if now != then:
+        what = [
+            label
+            for label, a, b in zip(("size", "mtime", "ctime", "inode", "device"), then, now)
+            if a != b
+        ]
+        raise TsFileFormatError(
+            f"{info.name}: file changed while in use ({', '.join(what)} changed; size "
+            f"{info.nbytes} -> {st.st_size}); files must not be modified, replaced or truncated "
+            f"while a dataset reads them: rebuild the dataset"
+        )
+
+
+class StatisticsCheck:
+    """Cross-check decoded blocks of one catalog against the statistics in its metadata.
+
+    One per reading process (it remembers per-series sums until a series is complete).
+    """
+
+    def __init__(self, catalog: Catalog, dtype: np.dtype):
+        self.catalog = catalog
+        self.dtype = np.dtype(dtype)
+        # group -> {local start: (local stop, float64 sums per column, abs sums per column)}
+        self._sums: dict[int, dict[int, tuple[int, np.ndarray, np.ndarray]]] = {}
+        self._summed: set[int] = set()
+        #: groups whose sum was verified over a whole pass (a test reads it)
+        self.verified_sums: set[int] = set()
+
+    def _fail(self, group: ReadGroup, shard_pos: int | None, start: int, stop: int, what: str):
+        info = self.catalog.files[group.file_index]
+        device = ".".join(map(str, group.device))
+        series = (
+            f"series {device}.{group.shards[shard_pos].measurement}"
+            if shard_pos is not None
+            else f"device {device}"
+        )
+        raise TsFileFormatError(
+            f"{info.name}: {series}, rows [{start}, {stop}): {what}; the decoded data disagree "
+            f"with the file's own statistics: the file is damaged (or changed while in use)"
+        )
+
+    def block(self, group_index: int, start: int, times: np.ndarray, values: np.ndarray) -> None:
+        """Check group-local rows ``[start, start + len(times))`` just decoded.
+
+        Raises:
+            TsFileFormatError: timestamps or values contradict the metadata statistics.
+        """
+        group = self.catalog.groups[group_index]
+        n = len(times)
+        if n == 0:
+            return
+        stop = start + n
+        shard0 = group.shards[0]
+        if n > 1 and not bool(np.all(times[1:] > times[:-1])):
+            bad = int(np.flatnonzero(times[1:] <= times[:-1])[0])
+            self._fail(group, None, start, stop, f"timestamps not increasing at row {start + bad}")
+        if times[0] < shard0.start_time or times[-1] > shard0.end_time:
+            self._fail(
+                group,
+                None,
+                start,
+                stop,
+                f"timestamps [{times[0]}, {times[-1]}] outside the file's time range "
+                f"[{shard0.start_time}, {shard0.end_time}]",
+            )
+        if start == 0 and times[0] != shard0.start_time:
+            self._fail(group, None, start, stop, f"first timestamp {times[0]}, metadata says "
+                       f"{shard0.start_time}")
+        if stop == group.num_rows and times[-1] != shard0.end_time:
+            self._fail(group, None, start, stop, f"last timestamp {times[-1]}, metadata says "
+                       f"{shard0.end_time}")
+        cast = self.dtype.type
+        with np.errstate(invalid="ignore"):
+            low = values.min(axis=1)
+            high = values.max(axis=1)
+        for k in np.flatnonzero(np.isnan(low) | np.isnan(high)):  # nulls: ignore NaN
+            row = values[k]
+            finite = row[~np.isnan(row)]
+            low[k], high[k] = (finite.min(), finite.max()) if finite.size else (np.nan, np.nan)
+        for k, shard in enumerate(group.shards):
+            if shard.min is not None and low[k] < cast(shard.min):
+                self._fail(group, k, start, stop, f"value {low[k]!r} below the series minimum "
+                           f"{shard.min!r}")
+            if shard.max is not None and high[k] > cast(shard.max):
+                self._fail(group, k, start, stop, f"value {high[k]!r} above the series maximum "
+                           f"{shard.max!r}")
+            if start == 0 and shard.first is not None and not np.isnan(values[k, 0]):
+                if values[k, 0] != cast(shard.first):
+                    self._fail(group, k, start, stop, f"first value {values[k, 0]!r}, metadata "
+                               f"says {shard.first!r}")
+            if stop == group.num_rows and shard.last is not None and not np.isnan(values[k, -1]):
+                if values[k, -1] != cast(shard.last):
+                    self._fail(group, k, start, stop, f"last value {values[k, -1]!r}, metadata "
+                               f"says {shard.last!r}")
+        if group_index not in self._summed and any(s.sum is not None for s in group.shards):
+            bound = np.fmax(np.abs(low), np.abs(high)).astype(np.float64) * n
+            self._add_sum(group_index, group, start, stop, values, bound)
+
+    def _add_sum(self, gi, group: ReadGroup, start: int, stop: int, values, bound) -> None:
+        sums = values.sum(axis=1, dtype=np.float64)
+        for k in np.flatnonzero(np.isnan(sums)):
+            sums[k] = np.nansum(values[k], dtype=np.float64)
+        abs_sums = np.nan_to_num(bound)  # an upper bound of the sum of |values|
+        pieces = self._sums.setdefault(gi, {})
+        pieces[start] = (stop, sums, abs_sums)
+        # follow the chain of pieces from row 0; complete when it reaches the last row
+        pos, total, total_abs, used = 0, 0.0, 0.0, []
+        while pos in pieces and pos < group.num_rows:
+            nxt, s, a = pieces[pos]
+            total, total_abs = total + s, total_abs + a
+            used.append(pos)
+            pos = nxt
+        if pos != group.num_rows:
+            return
+        del self._sums[gi]
+        self._summed.add(gi)
+        # tolerance: rounding to the output dtype and float64 summation in another order
+        eps = float(np.finfo(self.dtype).eps) if self.dtype.kind == "f" else 0.0
+        for k, shard in enumerate(group.shards):
+            if shard.sum is None:
+                continue
+            tol = total_abs[k] * (eps + 8 * group.num_rows * 2.0**-53) + 1e-9
+            if abs(total[k] - shard.sum) > tol:
+                self._fail(
+                    group,
+                    k,
+                    0,
+                    group.num_rows,
+                    f"sum of all values {total[k]!r}, metadata says {shard.sum!r}",
+                )
+        self.verified_sums.add(gi)
