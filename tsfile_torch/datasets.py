@@ -14,6 +14,7 @@ reaches persistent workers. Until ``set_epoch`` is first called, each new pass o
 from __future__ import annotations
 
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 from multiprocessing import sharedctypes
 
@@ -24,7 +25,7 @@ import torch.utils.data as tud
 from . import sampling
 from .backend import Source, check_backend
 from .catalog import Catalog, build_catalog, expand_sources
-from .options import DatasetOptions
+from .options import DatasetOptions, check_random_batches
 from .reader import BatchReader
 from .validate import check_sources
 from .workers import ReadSlots, die_with_parent
@@ -52,6 +53,15 @@ class _TsFileBase:
         self._reader: BatchReader | None = None
         self._reader_epoch = None
         self._slots: ReadSlots | None = ReadSlots()  # Note: worker reports (workers.py)
+        if options.random_batches is None and not sampling.num_batches(
+            self.num_rows, options.batch_size, options.drop_last
+        ):
+            warnings.warn(
+                f"the dataset yields no batches: drop_last=True and batch_size="
+                f"{options.batch_size} is more than its {self.num_rows} rows; lower batch_size "
+                f"or set drop_last=False",
+                stacklevel=3,
+            )
 
     # -- pickling: no native handles, shared epoch only while spawning workers ------------
     def __getstate__(self):
@@ -136,6 +146,7 @@ class _TsFileBase:
             raise ValueError(
                 f"count should be a positive integer value or None, but got count={count!r}"
             )
+        check_random_batches("count", count)
         self._random.value = 0 if count is None else count
 
     @property

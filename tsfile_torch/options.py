@@ -12,7 +12,20 @@ from typing import Any
 from .backend import parse_backend
 from .reader import DEFAULT_BLOCK_ROWS
 
-__all__ = ["CACHE_MODES", "DatasetOptions"]
+__all__ = ["CACHE_MODES", "MAX_RANDOM_BATCHES", "DatasetOptions", "check_random_batches"]
+
+#: Most random windows per epoch: their start rows are one int64 array (2 GiB at this bound).
+MAX_RANDOM_BATCHES = 1 << 28
+
+
+def check_random_batches(name: str, value) -> None:
+    """Raise ValueError if ``value`` random windows per epoch is beyond :data:`MAX_RANDOM_BATCHES`."""
+    if value is not None and value > MAX_RANDOM_BATCHES:
+        raise ValueError(
+            f"{name}={value} random windows per epoch is beyond the limit of "
+            f"{MAX_RANDOM_BATCHES} (their start rows alone would take {value * 8 / 2**30:.0f} "
+            f"GiB); use fewer windows per epoch and more epochs"
+        )
 
 #: ``none``: streaming; decoded blocks live in a bounded cache emptied at each epoch.
 #: ``memory``: every row read is kept, assembled, in the process across epochs (decode once;
@@ -126,6 +139,7 @@ class DatasetOptions:
         set_("read_backend", parse_backend(self.read_backend))
         set_("dtype", _dtype_name(self.dtype))
         _positive_int("random_batches", self.random_batches, allow_none=True)
+        check_random_batches("random_batches", self.random_batches)
         if self.cache not in CACHE_MODES:
             raise ValueError(
                 f"cache must be one of {', '.join(map(repr, CACHE_MODES))}; got {self.cache!r}"
