@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import forkfix  # noqa: F401 - the fork fix must be installed at import
 from .backend import BACKENDS, open_reader, parse_backend
 from .catalog import Catalog, build_catalog
 from .datasets import TsFileDataset, TsFileIterableDataset
@@ -12,7 +13,6 @@ from .errors import (
     TsFileTorchError,
     WorkerError,
 )
-from . import forkfix
 from .loader import make_loader
 from .options import CACHE_MODES, DatasetOptions
 from .reader import BatchReader

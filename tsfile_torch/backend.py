@@ -42,6 +42,7 @@ Source = str | os.PathLike | IO[bytes]
 
 _OPEN_LOCK = threading.Lock()
 
+
 def parse_backend(value: object) -> str:
     """Return the backend name for ``value``.
 

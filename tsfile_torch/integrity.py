@@ -70,7 +70,9 @@ def check_unchanged(info: FileInfo) -> None:
     if now != then:
         what = [
             label
-            for label, a, b in zip(("size", "mtime", "ctime", "inode", "device"), then, now)
+            for label, a, b in zip(
+                ("size", "mtime", "ctime", "inode", "device"), then, now, strict=True
+            )
             if a != b
         ]
         raise TsFileFormatError(
@@ -134,11 +136,21 @@ class StatisticsCheck:
                 f"[{shard0.start_time}, {shard0.end_time}]",
             )
         if start == 0 and times[0] != shard0.start_time:
-            self._fail(group, None, start, stop, f"first timestamp {times[0]}, metadata says "
-                       f"{shard0.start_time}")
+            self._fail(
+                group,
+                None,
+                start,
+                stop,
+                f"first timestamp {times[0]}, metadata says {shard0.start_time}",
+            )
         if stop == group.num_rows and times[-1] != shard0.end_time:
-            self._fail(group, None, start, stop, f"last timestamp {times[-1]}, metadata says "
-                       f"{shard0.end_time}")
+            self._fail(
+                group,
+                None,
+                start,
+                stop,
+                f"last timestamp {times[-1]}, metadata says {shard0.end_time}",
+            )
         cast = self.dtype.type
         with np.errstate(invalid="ignore"):
             low = values.min(axis=1)
@@ -149,19 +161,39 @@ class StatisticsCheck:
             low[k], high[k] = (finite.min(), finite.max()) if finite.size else (np.nan, np.nan)
         for k, shard in enumerate(group.shards):
             if shard.min is not None and low[k] < cast(shard.min):
-                self._fail(group, k, start, stop, f"value {low[k]!r} below the series minimum "
-                           f"{shard.min!r}")
+                self._fail(
+                    group,
+                    k,
+                    start,
+                    stop,
+                    f"value {float(low[k])!r} below the series minimum {shard.min!r}",
+                )
             if shard.max is not None and high[k] > cast(shard.max):
-                self._fail(group, k, start, stop, f"value {high[k]!r} above the series maximum "
-                           f"{shard.max!r}")
+                self._fail(
+                    group,
+                    k,
+                    start,
+                    stop,
+                    f"value {float(high[k])!r} above the series maximum {shard.max!r}",
+                )
             if start == 0 and shard.first is not None and not np.isnan(values[k, 0]):
                 if values[k, 0] != cast(shard.first):
-                    self._fail(group, k, start, stop, f"first value {values[k, 0]!r}, metadata "
-                               f"says {shard.first!r}")
+                    self._fail(
+                        group,
+                        k,
+                        start,
+                        stop,
+                        f"first value {float(values[k, 0])!r}, metadata says {shard.first!r}",
+                    )
             if stop == group.num_rows and shard.last is not None and not np.isnan(values[k, -1]):
                 if values[k, -1] != cast(shard.last):
-                    self._fail(group, k, start, stop, f"last value {values[k, -1]!r}, metadata "
-                               f"says {shard.last!r}")
+                    self._fail(
+                        group,
+                        k,
+                        start,
+                        stop,
+                        f"last value {float(values[k, -1])!r}, metadata says {shard.last!r}",
+                    )
         if group_index not in self._summed and any(s.sum is not None for s in group.shards):
             bound = np.fmax(np.abs(low), np.abs(high)).astype(np.float64) * n
             self._add_sum(group_index, group, start, stop, values, bound)
@@ -201,6 +233,6 @@ class StatisticsCheck:
                     k,
                     0,
                     group.num_rows,
-                    f"sum of all values {total[k]!r}, metadata says {shard.sum!r}",
+                    f"sum of all values {float(total[k])!r}, metadata says {shard.sum!r}",
                 )
         self.verified_sums.add(gi)

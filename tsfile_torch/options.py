@@ -19,13 +19,14 @@ MAX_RANDOM_BATCHES = 1 << 28
 
 
 def check_random_batches(name: str, value) -> None:
-    """Raise ValueError if ``value`` random windows per epoch is beyond :data:`MAX_RANDOM_BATCHES`."""
+    """Raise ValueError if ``value`` windows per epoch exceed :data:`MAX_RANDOM_BATCHES`."""
     if value is not None and value > MAX_RANDOM_BATCHES:
         raise ValueError(
             f"{name}={value} random windows per epoch is beyond the limit of "
             f"{MAX_RANDOM_BATCHES} (their start rows alone would take {value * 8 / 2**30:.0f} "
             f"GiB); use fewer windows per epoch and more epochs"
         )
+
 
 #: ``none``: streaming; decoded blocks live in a bounded cache emptied at each epoch.
 #: ``memory``: every row read is kept, assembled, in the process across epochs (decode once;

@@ -345,9 +345,10 @@ class BatchReader:
 
     def _describe(self, group: ReadGroup, start: int, num_rows: int) -> str:
         info = self.catalog.files[group.file_index]
+        backend = self.backends.get(group.file_index, self.read_backend)
         return (
             f"{info.name}: device {'.'.join(map(str, group.device))}, rows [{start}, "
-            f"{start + num_rows}) of the file ({self.backends.get(group.file_index, self.read_backend)})"
+            f"{start + num_rows}) of the file ({backend})"
         )
 
     def _lost(self, group: ReadGroup, start: int, num_rows: int, got: int) -> str:

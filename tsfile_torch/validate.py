@@ -40,6 +40,7 @@ MODES = ("headers", "full")
 HEADERS_TIMEOUT_S = 60.0
 #: rows decoded per native call by a ``full`` check
 FULL_BLOCK_ROWS = 1 << 20
+_DOING = {"headers": "reading its metadata and first chunks", "full": "decoding it"}
 
 
 @dataclass(frozen=True)
@@ -271,8 +272,7 @@ def validate_sources(
                 FileProblem(
                     source_name(todo[current]),
                     f"tsfile's native reader crashed on this file ({ended}) while "
-                    f"{'reading its metadata and first chunks' if mode == 'headers' else 'decoding it'}"
-                    f"; the file is damaged or not a TsFile",
+                    f"{_DOING[mode]}; the file is damaged or not a TsFile",
                 )
             )
             todo = todo[current + 1 :]
