@@ -43,6 +43,15 @@ Source = str | os.PathLike | IO[bytes]
 _OPEN_LOCK = threading.Lock()
 
 
+def _new_lock_in_child() -> None:  # a thread of the parent may have held it at fork
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_lock_in_child)
+
+
 def parse_backend(value: object) -> str:
     """Return the backend name for ``value``.
 

@@ -66,8 +66,10 @@ class _GuardedIterator:
     def __next__(self):
         try:
             return next(self._inner)
-        except RuntimeError as err:
-            better = explain_worker_failure(err, getattr(self._dataset, "_slots", None))
+        except (RuntimeError, ConnectionError, EOFError) as err:
+            better = explain_worker_failure(
+                err, getattr(self._dataset, "_slots", None), getattr(self._inner, "_workers", ())
+            )
             if better is None:
                 raise
             raise better from err

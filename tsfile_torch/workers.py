@@ -79,10 +79,47 @@ def die_with_parent() -> bool:
 _DEATH = re.compile(r"exited unexpectedly|killed by signal|timed out after")
 
 
-def explain_worker_failure(err: BaseException, slots: ReadSlots | None) -> WorkerError | None:
-    """Return a WorkerError naming the read in progress if ``err`` is a worker death / timeout."""
+def _dead_workers(workers) -> dict[int, str]:
+    """Return pid -> how it ended, for DataLoader worker processes that have exited."""
+    dead = {}
+    for w in workers:
+        w.join(timeout=1.0)  # its pipe closed first: give the exit a moment to be reaped
+        code = w.exitcode
+        if code is not None and code != 0:
+            try:
+                dead[w.pid] = (
+                    f"killed by signal {signal.Signals(-code).name}"
+                    if code < 0
+                    else (f"exit status {code}")
+                )
+            except ValueError:
+                dead[w.pid] = f"killed by signal {-code}"
+    return dead
+
+
+def explain_worker_failure(
+    err: BaseException, slots: ReadSlots | None, workers=()
+) -> WorkerError | None:
+    """Return a WorkerError naming the read in progress if ``err`` is a worker death / timeout.
+
+    Args:
+        err: what the DataLoader iterator raised.
+        slots: the dataset's read slots.
+        workers: the iterator's worker processes; a broken pipe or connection counts as a
+            worker death when one of them has exited.
+    """
     message = str(err)
-    if not isinstance(err, RuntimeError) or not _DEATH.search(message):
+    if isinstance(err, RuntimeError):
+        if not _DEATH.search(message):
+            return None
+    elif isinstance(err, (ConnectionError, EOFError, BrokenPipeError)):
+        dead = _dead_workers(workers)
+        if not dead:
+            return None
+        message = "DataLoader worker (pid(s) {}) {} ({}: {})".format(
+            ", ".join(map(str, dead)), ", ".join(dead.values()), type(err).__name__, err
+        )
+    else:
         return None
     reads = slots.read_all() if slots is not None else {}
     found = re.search(r"\(pids?(?:\(s\))? ([\d, ]+)\)", message)
