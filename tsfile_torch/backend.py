@@ -131,7 +131,7 @@ def open_reader(source: Source, backend: str) -> tuple[TsFileReader, str]:
     check_backend(source, backend)
     if isinstance(source, (str, os.PathLike)) and not _can_map(source):
         if not os.path.exists(source):
-            raise TsFileFormatError(f"{name}: no such file; check the path")
+            raise os_error(name, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
         raise TsFileFormatError(
             f"{name}: not a regular file; TsFiles are read from regular files or seekable "
             f"binary file objects"
