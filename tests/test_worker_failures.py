@@ -167,3 +167,28 @@ def test_100_epochs_leak_no_fds_maps_memory_or_threads(small_dir, num_workers):
         assert after["threads"] <= before["threads"], (before, after)
         assert after["maps"] <= before["maps"] + 8, (before, after)
         assert after["rss_kib"] <= before["rss_kib"] + 32 * 1024, (before, after)
+
+
+CRASH_IN_PROCESS = r"""
+import ctypes, sys
+from tsfile_torch import TsFileIterableDataset
+from tsfile_torch.reader import BatchReader
+
+BatchReader._decode_native = lambda self, *args: ctypes.string_at(0)  # a native crash
+list(TsFileIterableDataset(sys.argv[1], batch_size=1000))
+"""
+
+
+def test_a_native_crash_in_the_reading_process_names_the_file_and_rows(small_dir):
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_IN_PROCESS, str(small_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in proc.stderr
+    assert "<tsfile-torch was reading " in proc.stderr
+    assert "part000.tsfile: device t.d0, rows [0, 5000)" in proc.stderr

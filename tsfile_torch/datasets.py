@@ -28,7 +28,7 @@ from .catalog import Catalog, build_catalog, expand_sources
 from .options import DatasetOptions, check_random_batches
 from .reader import BatchReader
 from .validate import check_sources
-from .workers import ReadSlots, die_with_parent
+from .workers import ReadSlots, die_with_parent, enable_crash_report
 
 __all__ = ["TsFileDataset", "TsFileIterableDataset"]
 
@@ -106,6 +106,7 @@ class _TsFileBase:
             )
             if self.options.cache == "memory":
                 self._reader.keep_all()
+            enable_crash_report()  # Note: fatal-signal report (workers.py)
             info = tud.get_worker_info()
             if info is not None:  # Note: worker reports (workers.py)
                 die_with_parent()

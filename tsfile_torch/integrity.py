@@ -2,8 +2,9 @@
 
 Two checks, both called by the reader around each native read (Note: integrity hooks):
 
-- :func:`check_unchanged` before every block read: one ``os.stat`` of the file, compared with the
-  size, mtime, ctime, inode and device recorded when the catalog was built. ctime changes on every
+- :func:`check_unchanged` before and after every block read: one ``os.stat`` of the file, compared
+  with the size, mtime, ctime, inode and device recorded when the catalog was built (after: so
+  a block read while the file was being written is never handed out). ctime changes on every
   write whatever ``cp -p`` or ``rsync -t`` do to mtime, and a rename over the file changes the
   inode. A change is a :class:`TsFileFormatError` naming the file.
 - :class:`StatisticsCheck` after every decoded block: row count (the reader's own check),
@@ -18,8 +19,9 @@ detected. The sum check needs one process to decode all rows of a series in a fi
 DataLoader workers each worker decodes only its share, so only the other checks apply there.
 
 The reader must call (hooks, in this order, for every native read of group rows [start, stop)):
-``check_unchanged(info)`` before the read, ``check.block(group_index, start, times, values)``
-after it, with ``values`` as ``(len(group.columns), n)`` in the output dtype (NaN for nulls).
+``check_unchanged(info)`` before and after the read, ``check.block(group_index, start, times,
+values)`` after it, with ``values`` as ``(len(group.columns), n)`` in the output dtype (NaN for
+nulls).
 """
 
 from __future__ import annotations
@@ -43,20 +45,13 @@ def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
 def check_unchanged(info: FileInfo) -> None:
     """Raise if the file at ``info.source`` is not the one the catalog was built from.
 
-    File objects are checked by size only.
+    File objects are not checked: tsfile may be reading through them from another thread, and
+    moving their position here would race with it.
 
     Raises:
         TsFileFormatError: the file was deleted, replaced, truncated, extended or written to.
     """
     if not isinstance(info.source, str):
-        pos = info.source.tell()
-        size = info.source.seek(0, os.SEEK_END)
-        info.source.seek(pos)
-        if size != info.nbytes:
-            raise TsFileFormatError(
-                f"{info.name}: file object changed while in use (size {info.nbytes} -> {size}); "
-                f"rebuild the dataset"
-            )
         return
     try:
         st = os.stat(info.source)

@@ -10,7 +10,7 @@ import torch.utils.data as tud
 
 from .datasets import TsFileDataset, TsFileIterableDataset
 from .forkfix import fork_safe
-from .workers import explain_worker_failure
+from .workers import explain_worker_failure, watch_worker_deaths
 
 __all__ = ["make_loader", "worker_context", "default_timeout", "TsFileDataLoader"]
 
@@ -56,6 +56,8 @@ class _GuardedIterator:
     def __init__(self, inner, dataset):
         self._inner = inner
         self._dataset = dataset
+        if getattr(inner, "_workers", None):  # torch has set its SIGCHLD handler by now
+            watch_worker_deaths(getattr(dataset, "_slots", None))
 
     def __iter__(self):
         return self

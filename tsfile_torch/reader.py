@@ -26,6 +26,7 @@ from .backend import open_reader
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
 from .integrity import StatisticsCheck, check_unchanged
+from .workers import reading
 
 __all__ = ["BatchReader", "DEFAULT_BLOCK_ROWS", "default_cache_bytes", "tune_malloc"]
 
@@ -277,11 +278,29 @@ class BatchReader:
 
     # -- decoding -------------------------------------------------------------------------
     def _decode(self, group_index: int, start: int, num_rows: int) -> _Block:
+        """Decode local rows [start, start + num_rows) of one group, with the issue 7 hooks.
+
+        Note: integrity hooks (tsfile_torch.integrity). Around every native read: the file is
+        checked unchanged before and after, the read is announced (worker slot; a frame that
+        names it in a fatal signal report), and the decoded block is checked against the
+        metadata statistics.
+        """
+        group = self.catalog.groups[group_index]
+        check_unchanged(self.catalog.files[group.file_index])
+        what = self._describe(group, start, num_rows)
+        if self.on_read is not None:
+            self.on_read(what)
+        block = reading(what, self._decode_native, group_index, start, num_rows)
+        check_unchanged(self.catalog.files[group.file_index])  # changed during the read?
+        if self.statistics is not None:
+            self.statistics.block(group_index, start, block.times, block.values)
+        if self.on_read is not None:
+            self.on_read(None)
+        return block
+
+    def _decode_native(self, group_index: int, start: int, num_rows: int) -> _Block:
         """Decode local rows [start, start + num_rows) of one group."""
         group = self.catalog.groups[group_index]
-        check_unchanged(self.catalog.files[group.file_index])  # issue 7 hook: before every read
-        if self.on_read is not None:  # issue 7 hook: what this process is about to read
-            self.on_read(self._describe(group, start, num_rows))
         reader = self._reader(group.file_index)
         handles = self._handles(group_index)
         out = self._buffers(len(handles), num_rows)  # no spares without a cache: a new block
@@ -310,10 +329,6 @@ class BatchReader:
                         pos += n
                 if pos != num_rows:
                     raise TsFileFormatError(self._lost(group, start, num_rows, pos))
-            if self.statistics is not None:  # issue 7 hook: decoded values vs metadata
-                self.statistics.block(group_index, start, times, values)
-            if self.on_read is not None:
-                self.on_read(None)
             with self._lock:
                 self.decoded_rows += num_rows
         except (TsFileFormatError, SchemaError):
@@ -348,7 +363,7 @@ class BatchReader:
         backend = self.backends.get(group.file_index, self.read_backend)
         return (
             f"{info.name}: device {'.'.join(map(str, group.device))}, rows [{start}, "
-            f"{start + num_rows}) of the file ({backend})"
+            f"{start + num_rows}) via {backend}"
         )
 
     def _lost(self, group: ReadGroup, start: int, num_rows: int, got: int) -> str:

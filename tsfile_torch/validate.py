@@ -231,13 +231,14 @@ def validate_sources(
     """Check ``sources`` in child processes; return one :class:`FileProblem` per bad file.
 
     Args:
-        sources: file paths (file objects are checked only where the child is a fork).
+        sources: file paths (file objects are skipped: a forked child would share their
+            position with this process).
         mode: ``"headers"`` or ``"full"`` (see the module docstring).
         timeout: seconds one file may take; ``None`` for a default by mode and file size.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
-    todo = [s for s in sources if fork_safe() or isinstance(s, (str, os.PathLike))]
+    todo = [s for s in sources if isinstance(s, (str, os.PathLike))]  # not file objects
     problems: list[FileProblem] = []
     while todo:
         child = _Child(todo, mode)

@@ -14,14 +14,24 @@ the worker exits; DataLoaders are iterated from a long-lived thread in practice)
 from __future__ import annotations
 
 import ctypes
+import faulthandler
 import os
 import re
 import signal
+import threading
+import weakref
 from multiprocessing import sharedctypes
 
 from .errors import WorkerError
 
-__all__ = ["ReadSlots", "die_with_parent", "explain_worker_failure"]
+__all__ = [
+    "ReadSlots",
+    "die_with_parent",
+    "disable_crash_report",
+    "enable_crash_report",
+    "explain_worker_failure",
+    "reading",
+]
 
 _SLOT_BYTES = 400
 _NUM_SLOTS = 64
@@ -138,3 +148,73 @@ def explain_worker_failure(
         "was truncated while memory-mapped; check it with `tsfile-torch verify PATH`"
     )
     return WorkerError(f"{message.strip()}: {what}; {hint}")
+
+
+_CRASH_REPORT = True
+_FRAME = "def _reading(fn, args):\n    return fn(*args)\n"
+
+
+def enable_crash_report() -> bool:
+    """Turn on ``faulthandler`` (stderr) unless switched off or already on; return if it is on."""
+    if _CRASH_REPORT and not faulthandler.is_enabled():
+        try:
+            faulthandler.enable()
+        except (RuntimeError, ValueError, OSError):  # no usable stderr
+            return False
+    return faulthandler.is_enabled()
+
+
+def disable_crash_report() -> None:
+    """Leave ``faulthandler`` alone from now on in this process (Note: fatal-signal report)."""
+    global _CRASH_REPORT
+    _CRASH_REPORT = False
+
+
+def reading(what: str, fn, *args):
+    """Return ``fn(*args)``, called in a frame that names ``what`` in a fatal-signal report."""
+    if not faulthandler.is_enabled():
+        return fn(*args)
+    namespace: dict = {}
+    exec(compile(_FRAME, f"<tsfile-torch was reading {what}>", "exec"), namespace)
+    return namespace["_reading"](fn, args)
+
+
+#: read slots of the datasets whose loaders are being iterated (for the SIGCHLD path)
+_LIVE_SLOTS: weakref.WeakSet = weakref.WeakSet()
+
+
+class _AllSlots:
+    def read_all(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for slots in list(_LIVE_SLOTS):
+            out.update(slots.read_all())
+        return out
+
+
+def watch_worker_deaths(slots: ReadSlots | None) -> None:
+    """Make torch's SIGCHLD error a WorkerError naming the read in progress.
+
+    torch's DataLoader raises "worker ... is killed by signal" from a SIGCHLD handler, so the
+    error may surface anywhere in the main thread, outside the loader's ``__next__``. This wraps
+    that handler (once per process, main thread only, chaining to it) so the error raised is a
+    :class:`WorkerError` naming the file and rows.
+    """
+    if slots is not None:
+        _LIVE_SLOTS.add(slots)
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGCHLD"):
+        return
+    previous = signal.getsignal(signal.SIGCHLD)
+    if not callable(previous) or getattr(previous, "_tsfile_torch", False):
+        return
+
+    def handler(signum, frame):
+        try:
+            previous(signum, frame)
+        except RuntimeError as err:
+            better = explain_worker_failure(err, _AllSlots())
+            if better is None:
+                raise
+            raise better from err
+
+    handler._tsfile_torch = True
+    signal.signal(signal.SIGCHLD, handler)
