@@ -145,3 +145,28 @@ def test_make_loader_sets_a_timeout_fitting_the_block_size(corpus):
     assert loader.timeout == default_timeout(ds) > 120
     assert make_loader(ds, num_workers=2, timeout=0).timeout == 0
     assert make_loader(ds).timeout == 0  # no workers, nothing to wait on
+
+
+def test_an_epoch_read_by_workers_is_checked_against_the_column_sums(tmp_path, corpus):
+    data = bytearray((corpus / "good.tsfile").read_bytes())
+    data[data.index(b"\x41\x04s1") + 500] ^= 0xFF  # plausible values, but a wrong sum
+    path = tmp_path / "late.tsfile"
+    path.write_bytes(bytes(data))
+    # float64 batches: the sum of float32 batches allows their rounding, too coarse for this
+    ds = TsFileIterableDataset(path, batch_size=5000, block_rows=5000, dtype="float64")
+    loader = make_loader(ds, num_workers=2)
+    with pytest.raises(TsFileFormatError, match=r"late\.tsfile: series t\.d0\.s1.*metadata says"):
+        list(loader)
+
+
+def test_epochs_that_are_not_one_full_pass_are_not_sum_checked(corpus):
+    import torch.utils.data as tud
+
+    ds = TsFileDataset(corpus / "good.tsfile", batch_size=5000)
+    sampler = tud.RandomSampler(ds, replacement=True)  # repeats batches: sums would differ
+    loader = make_loader(ds, sampler=sampler)
+    assert loader._epoch_sums() is None
+    assert len(list(loader)) == 6
+    assert make_loader(ds)._epoch_sums() is not None
+    windows = TsFileIterableDataset(corpus / "good.tsfile", batch_size=5000, random_batches=6)
+    assert make_loader(windows)._epoch_sums() is None

@@ -13,6 +13,11 @@ Two checks, both called by the reader around each native read (Note: integrity h
   process has decoded every row of a series in one file, its sum. A mismatch is a
   :class:`TsFileFormatError` naming the file, the series and the rows.
 
+- :class:`EpochSums` in the main process, over the batches a loader hands out: when one epoch
+  delivered every row exactly once, each column's sum must match the sum of its series'
+  statistics. Order-independent, so it covers what DataLoader workers decoded (each worker sees
+  only its share of a series); the error comes at the end of that epoch.
+
 What this cannot catch: TsFile pages carry no checksum, so damage that decodes to plausible values
 (inside [min, max], timestamps still increasing, rows the sum check never sees whole) is not
 detected. The sum check needs one process to decode all rows of a series in a file: with
@@ -34,7 +39,7 @@ import numpy as np
 from .catalog import Catalog, FileInfo, ReadGroup
 from .errors import TsFileFormatError
 
-__all__ = ["check_unchanged", "identity_of", "StatisticsCheck"]
+__all__ = ["check_unchanged", "identity_of", "StatisticsCheck", "EpochSums"]
 
 
 def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
@@ -221,7 +226,7 @@ class StatisticsCheck:
         for k, shard in enumerate(group.shards):
             if shard.sum is None:
                 continue
-            tol = total_abs[k] * (eps + 4 * np.sqrt(group.num_rows) * 2.0**-52) + 1e-12
+            tol = _sum_tolerance(total_abs[k], group.num_rows, eps)
             if abs(total[k] - shard.sum) > tol:
                 self._fail(
                     group,
@@ -231,3 +236,51 @@ class StatisticsCheck:
                     f"sum of all values {float(total[k])!r}, metadata says {shard.sum!r}",
                 )
         self.verified_sums.add(gi)
+
+
+def _sum_tolerance(total_abs: float, num_rows: int, eps: float) -> float:
+    """Rounding (machine epsilon ``eps``) plus two float64 summations in different orders."""
+    return total_abs * (eps + 4 * np.sqrt(num_rows) * 2.0**-52) + 1e-12
+
+
+class EpochSums:
+    """Column sums of the batches of one epoch, checked against the metadata at its end.
+
+    Args:
+        catalog: the dataset's catalog.
+        eps: machine epsilon of the values' dtype (their rounding is allowed for).
+    """
+
+    def __init__(self, catalog: Catalog, eps: float):
+        self.catalog = catalog
+        self.eps = eps
+        self.rows = 0
+        self.sums = np.zeros(len(catalog.columns), dtype=np.float64)
+
+    def add(self, values: np.ndarray) -> None:
+        """Add one ``(rows, columns)`` batch."""
+        self.rows += values.shape[0]
+        self.sums += np.nansum(values, axis=0, dtype=np.float64)
+
+    def check(self) -> bool:
+        """Raise TsFileFormatError if a column's sum disagrees; return False if not checkable.
+
+        Only an epoch that delivered exactly ``num_rows`` rows can be checked (the caller makes
+        sure they were every row once: a full pass, not random windows or a subset).
+        """
+        if self.rows != self.catalog.num_rows:
+            return False
+        for k, col in enumerate(self.catalog.columns):
+            if col.sum is None or col.min is None or col.max is None:
+                continue
+            bound = max(abs(col.min), abs(col.max)) * self.catalog.num_rows
+            if abs(self.sums[k] - col.sum) > _sum_tolerance(bound, self.catalog.num_rows, self.eps):
+                files = sorted({self.catalog.files[s.file_index].name for s in col.shards})
+                raise TsFileFormatError(
+                    f"{', '.join(files)}: series {col.name}, rows [0, {col.num_rows}): the "
+                    f"epoch's values sum to {float(self.sums[k])!r}, the metadata says "
+                    f"{col.sum!r}; some values handed out this epoch were wrong: the file is "
+                    f"damaged (TsFile pages carry no checksum); check it with "
+                    f"`tsfile-torch verify`"
+                )
+        return True

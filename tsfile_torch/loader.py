@@ -10,6 +10,7 @@ import torch.utils.data as tud
 
 from .datasets import TsFileDataset, TsFileIterableDataset
 from .forkfix import fork_safe
+from .integrity import EpochSums
 from .workers import explain_worker_failure, watch_worker_deaths
 
 __all__ = ["make_loader", "worker_context", "default_timeout", "TsFileDataLoader"]
@@ -50,12 +51,16 @@ def default_timeout(dataset: TsFileIterableDataset | TsFileDataset) -> float:
     return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * values
 
 
+_EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
 class _GuardedIterator:
     """Wraps a DataLoader iterator: a dead or stalled worker becomes a WorkerError."""
 
-    def __init__(self, inner, dataset):
+    def __init__(self, inner, dataset, sums: EpochSums | None = None):
         self._inner = inner
         self._dataset = dataset
+        self._sums = sums
         if getattr(inner, "_workers", None):  # torch has set its SIGCHLD handler by now
             watch_worker_deaths(getattr(dataset, "_slots", None))
 
@@ -67,7 +72,12 @@ class _GuardedIterator:
 
     def __next__(self):
         try:
-            return next(self._inner)
+            batch = next(self._inner)
+        except StopIteration:
+            if self._sums is not None:
+                sums, self._sums = self._sums, None
+                sums.check()
+            raise
         except (RuntimeError, ConnectionError, EOFError) as err:
             better = explain_worker_failure(
                 err, getattr(self._dataset, "_slots", None), getattr(self._inner, "_workers", ())
@@ -75,16 +85,47 @@ class _GuardedIterator:
             if better is None:
                 raise
             raise better from err
+        if self._sums is not None:
+            values = batch[0] if isinstance(batch, (tuple, list)) else batch
+            if values.dtype in (torch.float16, torch.bfloat16):
+                values = values.float()
+            self._sums.add(values.numpy())
+        return batch
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
 
 class TsFileDataLoader(tud.DataLoader):
-    """A DataLoader whose worker deaths and timeouts name the file and rows being read."""
+    """A DataLoader whose worker deaths and timeouts name the file and rows being read.
+
+    With ``check_statistics`` on, an epoch that hands out every row once (a full pass in row or
+    shuffled order, one process group rank, no random windows) is also checked at its end: each
+    column's sum against the metadata (:class:`~tsfile_torch.integrity.EpochSums`), which covers
+    what workers decoded.
+    """
 
     def __iter__(self):
-        return _GuardedIterator(super().__iter__(), self.dataset)
+        return _GuardedIterator(super().__iter__(), self.dataset, self._epoch_sums())
+
+    def _epoch_sums(self) -> EpochSums | None:
+        ds = self.dataset
+        options = getattr(ds, "options", None)
+        if options is None or not options.check_statistics or ds.random_batches is not None:
+            return None
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            if torch.distributed.get_world_size() > 1:
+                return None
+        if isinstance(ds, TsFileDataset):  # only samplers known to visit every batch once
+            sampler = self.sampler
+            once = type(sampler) is tud.SequentialSampler or (
+                type(sampler) is tud.RandomSampler
+                and not sampler.replacement
+                and sampler.num_samples == len(ds)
+            )
+            if not once:
+                return None
+        return EpochSums(ds.catalog, _EPS[options.dtype])
 
 
 def make_loader(
