@@ -170,3 +170,8 @@ def test_epochs_that_are_not_one_full_pass_are_not_sum_checked(corpus):
     assert make_loader(ds)._epoch_sums() is not None
     windows = TsFileIterableDataset(corpus / "good.tsfile", batch_size=5000, random_batches=6)
     assert make_loader(windows)._epoch_sums() is None
+
+
+def test_inspect_reports_a_damaged_file_instead_of_crashing(corpus):
+    with pytest.raises(TsFileFormatError, match=r"meta\.tsfile: tsfile's native reader crashed"):
+        main(["inspect", str(corpus / "meta.tsfile")])

@@ -51,7 +51,9 @@ def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(sma
 
 
 class _CrashesInNativeRead(TsFileIterableDataset):
-    """In workers, the read of rows [2500, ...) dies of SIGSEGV in native code."""
+    """In workers, the read of rows [2500, ...) dies of SIGSEGV in native code (or SIGKILL)."""
+
+    how = "segv"
 
     @property
     def reader(self):
@@ -62,14 +64,18 @@ class _CrashesInNativeRead(TsFileIterableDataset):
             def on_read(text):
                 note(text)
                 if text is not None and "rows [2500," in text:
+                    if self.how == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
                     ctypes.string_at(0)  # a real segmentation fault, in native code
 
             reader.on_read, reader._crash = on_read, True
         return reader
 
 
-def test_a_worker_killed_in_native_code_is_reported_with_the_file_and_rows(small_dir):
+@pytest.mark.parametrize("how", ["segv", "kill"])
+def test_a_worker_killed_in_native_code_is_reported_with_the_file_and_rows(small_dir, how):
     ds = _CrashesInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    ds.how = how
     loader = make_loader(ds, num_workers=2)
     with pytest.raises(WorkerError, match=r"part00\d\.tsfile: device t\.d\d, rows \[2500, 5000\)"):
         list(loader)
@@ -192,3 +198,33 @@ def test_a_native_crash_in_the_reading_process_names_the_file_and_rows(small_dir
     assert "Fatal Python error: Segmentation fault" in proc.stderr
     assert "<tsfile-torch was reading " in proc.stderr
     assert "part000.tsfile: device t.d0, rows [0, 5000)" in proc.stderr
+
+
+def test_datasets_created_and_dropped_leak_no_fds_threads_or_children(small_dir):
+    def build_and_read():
+        ds = TsFileIterableDataset(small_dir, batch_size=2500)  # one validation child each
+        next(iter(ds))
+        ds.close()
+
+    for _ in range(3):
+        build_and_read()
+    before, children_before = _process_figures(), _children()
+    for _ in range(30):
+        build_and_read()
+    after = _process_figures()
+    assert after["fds"] <= before["fds"] and after["threads"] <= before["threads"]
+    assert _children() <= children_before  # every validation child was reaped
+
+
+def _children() -> set[int]:
+    return {
+        int(p) for p in os.listdir("/proc") if p.isdigit() and _parent_of(int(p)) == os.getpid()
+    }
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -56,9 +56,12 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .catalog import build_catalog
+    from .catalog import build_catalog, expand_sources
+    from .validate import check_sources
 
-    cat = build_catalog(args.sources, args.columns)
+    sources = expand_sources(args.sources)
+    check_sources(sources)  # a damaged file is an error, not a crash of this command
+    cat = build_catalog(sources, args.columns)
     rows = cat.describe()
     if args.json:
         print(
