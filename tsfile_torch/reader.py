@@ -290,12 +290,14 @@ class BatchReader:
         what = self._describe(group, start, num_rows)
         if self.on_read is not None:
             self.on_read(what)
-        block = reading(what, self._decode_native, group_index, start, num_rows)
+        try:
+            block = reading(what, self._decode_native, group_index, start, num_rows)
+        finally:
+            if self.on_read is not None:
+                self.on_read(None)
         check_unchanged(self.catalog.files[group.file_index])  # changed during the read?
         if self.statistics is not None:
             self.statistics.block(group_index, start, block.times, block.values)
-        if self.on_read is not None:
-            self.on_read(None)
         return block
 
     def _decode_native(self, group_index: int, start: int, num_rows: int) -> _Block:
