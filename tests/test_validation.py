@@ -120,13 +120,35 @@ def test_too_many_open_files_keeps_errno_and_says_what_to_do(corpus):
     assert "good.tsfile: cannot open: too many open files (raise ulimit -n" in str(info.value)
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
+PERMISSION_PROBE = """
+import sys
+from tsfile_torch import TsFileFormatError, open_reader
+try:
+    open_reader(sys.argv[1], "pread")
+except TsFileFormatError as err:
+    print(err.errno, err)
+"""
+
+
 def test_permission_denied_keeps_errno(tmp_path, corpus):
+    import subprocess
+    import sys
+    from pathlib import Path
+
     path = tmp_path / "locked.tsfile"
     shutil.copy(corpus / "good.tsfile", path)
     path.chmod(0)
-    with pytest.raises(TsFileFormatError, match=r"locked\.tsfile: cannot open: permission denied"):
-        open_reader(str(path), "pread")
+    command = [sys.executable, "-c", PERMISSION_PROBE, str(path)]
+    if os.geteuid() == 0:  # root reads anything: run without the capabilities that allow it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--", *command]
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120).stdout
+    assert out.startswith(f"{errno.EACCES} "), out
+    assert "locked.tsfile: cannot open: permission denied" in out
 
 
 def test_zero_batches_warn_and_absurd_random_batches_are_rejected(corpus):
