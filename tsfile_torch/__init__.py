@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from . import forkfix  # noqa: F401 - the fork fix must be installed at import
 from .backend import BACKENDS, open_reader, parse_backend
 from .catalog import Catalog, build_catalog
 from .datasets import EpochSampler, TsFileDataset, TsFileIterableDataset
@@ -11,6 +12,7 @@ from .errors import (
     SchemaError,
     TsFileFormatError,
     TsFileTorchError,
+    WorkerError,
 )
 from .loader import make_loader
 from .normalize import Normalizer
@@ -46,6 +48,7 @@ __all__ = [
     "WindowBatch",
     "WindowBatchSampler",
     "WindowInfo",
+    "WorkerError",
     "build_catalog",
     "collate_windows",
     "make_loader",

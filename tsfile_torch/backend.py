@@ -7,6 +7,7 @@ keeps the backend it was opened with whatever changes the global later.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import stat
@@ -17,7 +18,8 @@ from typing import IO
 import tsfile
 from tsfile import FileReadBackend, TsFileReader
 
-from .errors import MappingError, TsFileFormatError, TsFileTorchError
+from .errors import MappingError, TsFileFormatError
+from .forkfix import check_fork_safety, fork_safe  # noqa: F401 - fork_safe re-exported
 from .remote import RemoteFile
 
 __all__ = [
@@ -42,71 +44,14 @@ Source = str | os.PathLike | IO[bytes]
 
 _OPEN_LOCK = threading.Lock()
 
-# Note: tsfile and fork. Opening a TsFileReader starts tsfile's native decode thread pool
-# (tsfile 2.5.0: 6 threads, held by the global pointer ``common::g_thread_pool_`` of
-# libtsfile). Threads do not survive fork(): a forked child that decodes with the inherited pool
-# waits forever in AlignedChunkReader::decode_all_planned_pages (seen in DataLoader workers).
-# With the pointer null, tsfile decodes in the calling thread. So after every fork we null the
-# child's copy of the pointer (the parent's pool object is left alone, never touched again), and
-# the child decodes inline, which is also what a DataLoader worker wants: the workers are the
-# parallelism. If the symbol cannot be found (another tsfile build), we remember which process
-# started the pool and refuse to open readers in its forked children: an error, never a hang;
-# make_loader then starts workers with forkserver instead of fork.
-_POOL_PID: int | None = None
 
-
-def _native_pool_pointers() -> list:
-    """Return ctypes views of ``common::g_thread_pool_`` in every loaded copy of libtsfile."""
-    import ctypes
-
-    try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
-            paths = {
-                line.split(None, 5)[5].strip()
-                for line in maps
-                if "libtsfile" in line and len(line.split(None, 5)) == 6
-            }
-    except OSError:
-        return []
-    pointers = []
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path, mode=getattr(os, "RTLD_NOLOAD", 0) | ctypes.RTLD_LOCAL)
-            pointers.append(ctypes.c_void_p.in_dll(lib, "_ZN6common14g_thread_pool_E"))
-        except (OSError, ValueError):
-            continue
-    return pointers
-
-
-_POOL_POINTERS = _native_pool_pointers()
-
-
-def _after_fork_in_child() -> None:
-    global _POOL_PID
-    if _POOL_POINTERS:
-        for pointer in _POOL_POINTERS:
-            pointer.value = None
-        _POOL_PID = None
-
-
-def fork_safe() -> bool:
-    """Return True when forked children of this process can read TsFiles (see the note above)."""
-    return bool(_POOL_POINTERS)
+def _new_lock_in_child() -> None:  # a thread of the parent may have held it at fork
+    global _OPEN_LOCK
+    _OPEN_LOCK = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-def _check_fork_safety(name: str) -> None:
-    if _POOL_PID is not None and _POOL_PID != os.getpid():
-        raise TsFileTorchError(
-            f"{name}: this process was forked from process {_POOL_PID} after that process had "
-            f"opened TsFile readers; tsfile's native thread pool does not survive fork() and "
-            f"reading here would hang. Start DataLoader workers with "
-            f"multiprocessing_context='forkserver' or 'spawn' (tsfile_torch.make_loader does "
-            f"when it cannot make fork safe)"
-        )
+    os.register_at_fork(after_in_child=_new_lock_in_child)
 
 
 def parse_backend(value: object) -> str:
@@ -203,7 +148,7 @@ def open_reader(
     check_backend(source, backend)
     if isinstance(source, (str, os.PathLike)) and not _can_map(source):
         if not os.path.exists(source):
-            raise TsFileFormatError(f"{name}: no such file; check the path")
+            raise os_error(name, FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT)))
         raise TsFileFormatError(
             f"{name}: not a regular file; TsFiles are read from regular files or seekable "
             f"binary file objects"
@@ -211,10 +156,10 @@ def open_reader(
     if isinstance(source, io.IOBase) and not source.seekable():
         raise TsFileFormatError(f"{name}: file object is not seekable; TsFileReader needs seek()")
     target = os.fspath(source) if isinstance(source, os.PathLike) else source
-    global _POOL_PID
-    _check_fork_safety(name)
+    check_fork_safety(name)
+    if isinstance(target, str):
+        _check_openable(target, name)
     with _OPEN_LOCK:
-        _POOL_PID = os.getpid()
         previous = tsfile.get_file_read_backend()
         tsfile.set_file_read_backend(BACKENDS[backend])
         try:
@@ -236,6 +181,33 @@ def open_reader(
             f"use read_backend='auto' or 'pread'"
         )
     return reader, actual
+
+
+#: errno -> what to say and what to do, for errors opening a file by path.
+_ERRNO_HINTS = {
+    errno.EMFILE: "too many open files (raise ulimit -n or lower max_open_files)",
+    errno.ENFILE: "too many open files in the system (raise fs.file-max or lower max_open_files)",
+    errno.EACCES: "permission denied (check the file's permissions)",
+    errno.EPERM: "operation not permitted (check the file's permissions)",
+    errno.ENOENT: "no such file (it was moved or deleted; check the path)",
+}
+
+
+def os_error(name: str, err: OSError) -> TsFileFormatError:
+    """Return a TsFileFormatError for ``err`` that keeps its errno and says what to do."""
+    hint = _ERRNO_HINTS.get(err.errno, err.strerror or str(err))
+    out = TsFileFormatError(f"{name}: cannot open: {hint} [errno {err.errno}]")
+    out.errno = err.errno
+    return out
+
+
+def _check_openable(path: str, name: str) -> None:
+    """Open and close ``path`` once so that errno survives (tsfile's own error drops it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise os_error(name, err) from err
+    os.close(fd)
 
 
 def _actual_backend(source: Source, backend: str) -> str:

@@ -59,6 +59,10 @@ class FileInfo:
     name: str
     nbytes: int
     mtime_ns: int
+    #: identity checked before every block read (see tsfile_torch.integrity)
+    ctime_ns: int = 0
+    inode: int = 0
+    device_id: int = 0
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,13 @@ class Shard:
     start_time: int
     end_time: int
     start_row: int = 0
+    #: the series' value statistics in this file (checked against decoded values; None: absent)
+    num_values: int | None = None
+    min: float | None = None
+    max: float | None = None
+    sum: float | None = None
+    first: float | None = None
+    last: float | None = None
 
 
 @dataclass
@@ -273,7 +284,16 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
     elif isinstance(source, (str, os.PathLike)):
         metadata, schemas = _read_metadata(name, source)
         st = os.stat(source)
-        info = FileInfo(index, os.fspath(source), name, st.st_size, st.st_mtime_ns)
+        info = FileInfo(
+            index,
+            os.fspath(source),
+            name,
+            st.st_size,
+            st.st_mtime_ns,
+            st.st_ctime_ns,
+            st.st_ino,
+            st.st_dev,
+        )
     else:
         metadata, schemas = _read_metadata(name, source)
         pos = source.tell()
@@ -308,12 +328,27 @@ def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, st
                 num_rows=timeline.row_count,
                 start_time=timeline.start_time,
                 end_time=timeline.end_time,
+                **_shard_statistics(ts.statistic),
             )
             dtype = NUMERIC_TYPES.get(ts.data_type, ts.data_type.name)
             fields.append(
                 (f"{_device_name(device)}.{ts.measurement_name}", dtype, shard, ts.statistic)
             )
     return info, fields
+
+
+def _shard_statistics(stat) -> dict:
+    if not getattr(stat, "has_statistic", False):
+        return {}
+    total = getattr(stat, "sum", None)
+    return {
+        "num_values": stat.row_count,
+        "min": _stat_value(stat, "min"),
+        "max": _stat_value(stat, "max"),
+        "sum": None if total is None else float(total),
+        "first": _stat_value(stat, "first"),
+        "last": _stat_value(stat, "last"),
+    }
 
 
 def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> list[Column]:
@@ -622,7 +657,12 @@ def _restrict(
     start_time: int | None,
     end_time: int | None,
 ) -> None:
-    """Cut every column's shards to ``[start_time, end_time]`` (in place)."""
+    """Cut every column's shards to ``[start_time, end_time]`` (in place).
+
+    Statistics that describe a whole shard (first, last, sum; a column's sum and value count)
+    no longer describe what is read, so a cut shard drops them and a column that lost rows
+    drops its sum; min and max stay (still bounds).
+    """
     lo = _MIN_TIME if start_time is None else start_time
     hi = _MAX_TIME if end_time is None else end_time
     counted: dict[tuple, Shard | None] = {}  # one count per timeline (aligned device of a file)
@@ -645,8 +685,14 @@ def _restrict(
                         start_time=cut.start_time,
                         end_time=cut.end_time,
                         num_rows=cut.num_rows,
+                        num_values=None,
+                        sum=None,
+                        first=None,
+                        last=None,
                     )
                 )
+        if kept != col.shards:
+            col.sum = None  # the metadata's sum covers rows left out
         if not kept:
             raise SchemaError(
                 f"column {col.name!r} has no rows in the time range [{start_time}, {end_time}] "

@@ -1,4 +1,4 @@
-"""Command line: ``tsfile-torch bench | inspect | generate``."""
+"""Command line: ``tsfile-torch bench | inspect | generate | verify``."""
 
 from __future__ import annotations
 
@@ -136,9 +136,13 @@ def _remote_options(args: argparse.Namespace):
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .catalog import survey
+    from .catalog import expand_sources, survey
+    from .validate import check_sources
 
-    report = survey(args.sources, args.columns, _remote_options(args))
+    options = _remote_options(args)
+    # a damaged file is an error, not a crash of this command (remote files are not checked)
+    check_sources(expand_sources(args.sources, options))
+    report = survey(args.sources, args.columns, options)
     timelines, columns = report["timelines"], report["columns"]
     if len(timelines) == 1:  # the columns read together as one dataset
         report.update(
@@ -188,6 +192,28 @@ def _generate(args: argparse.Namespace) -> int:
     paths = synthetic.write_table_files(args.directory, spec)
     print(f"wrote {len(paths)} files to {args.directory}")
     return 0
+
+
+def _verify(args: argparse.Namespace) -> int:
+    from .catalog import expand_sources
+    from .validate import validate_sources
+
+    sources = expand_sources(args.sources)
+    mode = "headers" if args.headers_only else "full"
+    problems = {p.name: p.reason for p in validate_sources(sources, mode, args.timeout)}
+    for source in sources:
+        name = str(source)
+        if args.json:
+            print(
+                json.dumps({"file": name, "ok": name not in problems, "reason": problems.get(name)})
+            )
+        elif name in problems:
+            print(f"DAMAGED {name}: {problems[name]}")
+        else:
+            print(f"ok      {name}")
+    if not args.json:
+        print(f"{len(sources)} files checked ({mode}), {len(problems)} damaged")
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -261,6 +287,20 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--fields", type=int, default=8)
     g.add_argument("--rows", type=int, default=131072)
     g.set_defaults(func=_generate)
+
+    v = sub.add_parser(
+        "verify",
+        help="decode every file in a child process and report each damaged file with the reason",
+    )
+    v.add_argument("sources", nargs="+", help="files, directories or glob patterns")
+    v.add_argument(
+        "--headers-only",
+        action="store_true",
+        help="check metadata and first chunks only (what datasets do when built)",
+    )
+    v.add_argument("--timeout", type=float, help="seconds one file may take (default: by size)")
+    v.add_argument("--json", action="store_true", help="one JSON record per file")
+    v.set_defaults(func=_verify)
     return parser
 
 

@@ -43,10 +43,12 @@ import torch.utils.data as tud
 from . import sampling
 from .aligned import Alignment, several_timelines
 from .backend import Source, check_backend
-from .catalog import Catalog, build_catalog
+from .catalog import Catalog, build_catalog, expand_sources
 from .normalize import Normalizer, make_normalizer, series_stats
-from .options import DatasetOptions
+from .options import DatasetOptions, check_random_batches
 from .reader import BatchReader, cache_cap
+from .validate import check_sources
+from .workers import ReadSlots, die_with_parent, enable_crash_report
 
 __all__ = ["EpochSampler", "TsFileDataset", "TsFileIterableDataset", "resolve_rank"]
 
@@ -76,6 +78,9 @@ class _TsFileBase:
     ):
         self.options = options
         self.rank, self.world_size = resolve_rank(rank, world_size)
+        sources = expand_sources(sources, options.remote)
+        if options.validate:  # first contact with each file in a child (Note: validation child)
+            check_sources(sources)
         self.catalog: Catalog = build_catalog(
             sources,
             options.columns,
@@ -111,6 +116,16 @@ class _TsFileBase:
         self.normalizer: Normalizer | None = make_normalizer(
             options.normalize, self.columns, lambda exact: self.stats(exact)
         )
+        self._slots: ReadSlots | None = ReadSlots()  # Note: worker reports (workers.py)
+        if options.random_batches is None and not sampling.num_batches(
+            self.num_rows, options.batch_size, options.drop_last
+        ):
+            warnings.warn(
+                f"the dataset yields no batches: drop_last=True and batch_size="
+                f"{options.batch_size} is more than its {self.num_rows} rows; lower batch_size "
+                f"or set drop_last=False",
+                stacklevel=3,
+            )
 
     def _warn_if_batch_exceeds_cache(self) -> None:
         o = self.options
@@ -137,6 +152,7 @@ class _TsFileBase:
         if not _spawning():
             state["_epoch"] = int(self._epoch.value)
             state["_random"] = int(self._random.value)
+            state["_slots"] = None
         return state
 
     def __setstate__(self, state):
@@ -179,9 +195,17 @@ class _TsFileBase:
                 cache_bytes=self.options.cache_bytes,
                 max_open_files=self.options.max_open_files,
                 index_dir=self.options.index_dir,
+                check_statistics=self.options.check_statistics,
             )
             if self.options.cache == "memory":
                 self._reader.keep_all()
+            enable_crash_report()  # Note: fatal-signal report (workers.py)
+            info = tud.get_worker_info()
+            if info is not None:  # Note: worker reports (workers.py)
+                die_with_parent()
+                if self._slots is not None:
+                    slots, worker = self._slots, info.id
+                    self._reader.on_read = lambda text: slots.write(worker, text)
         return self._reader
 
     def _decode_threads(self) -> int:
@@ -288,6 +312,7 @@ class _TsFileBase:
             raise ValueError(
                 f"count should be a positive integer value or None, but got count={count!r}"
             )
+        check_random_batches("count", count)
         self._random.value = 0 if count is None else count
 
     @property

@@ -5,7 +5,14 @@ Every error names the file, column or argument at fault, the rule that was broke
 
 from __future__ import annotations
 
-__all__ = ["TsFileTorchError", "TsFileFormatError", "MappingError", "SchemaError", "RemoteError"]
+__all__ = [
+    "TsFileTorchError",
+    "TsFileFormatError",
+    "MappingError",
+    "SchemaError",
+    "RemoteError",
+    "WorkerError",
+]
 
 
 class TsFileTorchError(Exception):
@@ -26,3 +33,7 @@ class SchemaError(TsFileTorchError):
 
 class RemoteError(TsFileFormatError):
     """A remote source (fsspec URL) cannot be listed or fetched, or fsspec is not installed."""
+
+
+class WorkerError(TsFileTorchError):
+    """A DataLoader worker died or stalled; the message names the file and rows it was reading."""

@@ -17,10 +17,23 @@ import warnings
 import torch
 import torch.utils.data as tud
 
-from .backend import fork_safe
 from .datasets import EpochSampler, TsFileDataset, TsFileIterableDataset
+from .forkfix import fork_safe
+from .integrity import EpochSums
+from .workers import explain_worker_failure, watch_worker_deaths
 
-__all__ = ["make_loader", "saved_num_workers", "worker_context"]
+__all__ = [
+    "TsFileDataLoader",
+    "default_timeout",
+    "make_loader",
+    "saved_num_workers",
+    "worker_context",
+]
+
+#: seconds every worker batch may take at least (starting a worker and opening files included)
+MIN_TIMEOUT_S = 120.0
+#: seconds per decoded value added on top: 20x the ~0.1 us per value measured, for slow disks
+TIMEOUT_S_PER_VALUE = 2e-6
 
 _PRELOAD = ["torch", "tsfile_torch"]
 
@@ -29,7 +42,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
     """Return the start method for DataLoader workers.
 
     ``fork`` where tsfile-torch can make forked children safe for tsfile (Linux with tsfile
-    2.5's library; see the note "tsfile and fork" in :mod:`tsfile_torch.backend`): workers start
+    2.5's library; see :mod:`tsfile_torch.forkfix`): workers start
     fast and scripts need no ``__main__`` guard. Otherwise ``forkserver`` (preloading torch and
     tsfile_torch, no tsfile threads in the server), else ``spawn``.
     """
@@ -41,6 +54,109 @@ def worker_context() -> multiprocessing.context.BaseContext:
         ctx.set_forkserver_preload(_PRELOAD)
         return ctx
     return multiprocessing.get_context("spawn")
+
+
+def default_timeout(dataset: TsFileIterableDataset | TsFileDataset) -> float:
+    """Return the DataLoader ``timeout`` make_loader sets: generous for one block of reads.
+
+    A batch may have to decode one block of every read group first: ``block_rows`` rows of
+    every column. ``MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * block_rows * num_columns`` seconds.
+    """
+    values = dataset.options.block_rows * len(dataset.columns)
+    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * values
+
+
+_EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+class _GuardedIterator:
+    """Wraps a DataLoader iterator: a dead or stalled worker becomes a WorkerError."""
+
+    def __init__(self, inner, dataset, sums: EpochSums | None = None):
+        self._inner = inner
+        self._dataset = dataset
+        self._sums = sums
+        if getattr(inner, "_workers", None):  # torch has set its SIGCHLD handler by now
+            watch_worker_deaths(getattr(dataset, "_slots", None))
+
+    def __iter__(self):
+        return self
+
+    def __len__(self):
+        return len(self._inner)
+
+    def __next__(self):
+        try:
+            batch = next(self._inner)
+        except StopIteration:
+            if self._sums is not None:
+                sums, self._sums = self._sums, None
+                sums.check()
+            raise
+        except (RuntimeError, ConnectionError, EOFError) as err:
+            better = explain_worker_failure(
+                err, getattr(self._dataset, "_slots", None), getattr(self._inner, "_workers", ())
+            )
+            if better is None:
+                raise
+            raise better from err
+        if self._sums is not None:
+            values = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+            if not isinstance(values, torch.Tensor) or values.ndim != 2:
+                self._sums = None  # a subclass yields something else: nothing to check
+                return batch
+            if values.dtype in (torch.float16, torch.bfloat16):
+                values = values.float()
+            self._sums.add(values.numpy())
+        return batch
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+class _Guarded:
+    """Mixin: worker deaths and timeouts name the file and rows being read.
+
+    With ``check_statistics`` on, an epoch that hands out every row once (a full pass in row or
+    shuffled order, one process group rank, no random windows) is also checked at its end: each
+    column's sum against the metadata (:class:`~tsfile_torch.integrity.EpochSums`), which covers
+    what workers decoded.
+    """
+
+    def __iter__(self):
+        return _GuardedIterator(super().__iter__(), self.dataset, self._epoch_sums())
+
+    def _epoch_sums(self) -> EpochSums | None:
+        ds = self.dataset
+        options = getattr(ds, "options", None)
+        if options is None or not options.check_statistics or ds.random_batches is not None:
+            return None
+        if (
+            getattr(ds, "world_size", 1) > 1
+            or getattr(ds, "alignment", None) is not None
+            or getattr(ds, "normalizer", None) is not None
+        ):
+            return None  # a rank sees part of the rows; aligned or normalized rows differ
+        if isinstance(ds, TsFileDataset):  # only samplers known to visit every batch once
+            sampler = self.sampler
+            once = type(sampler) in (tud.SequentialSampler, EpochSampler) or (
+                type(sampler) is tud.RandomSampler
+                and not sampler.replacement
+                and sampler.num_samples == len(ds)
+            )
+            if not once:
+                return None
+        return EpochSums(ds.catalog, _EPS[options.dtype])
+
+
+class TsFileDataLoader(_Guarded, tud.DataLoader):
+    """A DataLoader whose worker deaths and timeouts name the file and rows being read.
+
+    With ``check_statistics`` on, an epoch that hands out every row once (a full pass in row or
+    shuffled order, one rank, no random windows) is also checked at its end: each column's sum
+    against the metadata (:class:`~tsfile_torch.integrity.EpochSums`), which covers what
+    workers decoded.
+    """
 
 
 def make_loader(
@@ -58,7 +174,9 @@ def make_loader(
     readers and memory maps across epochs; workers start through :func:`worker_context` (fork
     made safe for tsfile, or forkserver); memory is pinned when CUDA is available. A map-style
     dataset is visited through an :class:`~tsfile_torch.datasets.EpochSampler` (this rank's
-    batches, a new epoch per pass) unless ``sampler`` is given.
+    batches, a new epoch per pass) unless ``sampler`` is given. With workers, ``timeout``
+    defaults to :func:`default_timeout`, and a worker that dies or stalls is a
+    :class:`~tsfile_torch.WorkerError` naming the file and rows it was reading.
 
     Args:
         dataset: a tsfile-torch dataset.
@@ -112,6 +230,8 @@ def make_loader(
     kwargs.setdefault("persistent_workers", num_workers > 0)
     if num_workers > 0 and kwargs.get("multiprocessing_context") is None:
         kwargs["multiprocessing_context"] = worker_context()
+    if num_workers > 0:
+        kwargs.setdefault("timeout", default_timeout(dataset))
     if stateful:
         loader_class = _stateful_loader_class()
         with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
@@ -119,7 +239,7 @@ def make_loader(
             return loader_class(
                 dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
             )
-    return tud.DataLoader(
+    return TsFileDataLoader(
         dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
     )
 
@@ -147,8 +267,15 @@ def _stateful_loader_class():
             "(or torchdata==0.11.0)"
         ) from err
 
-    class TsFileStatefulLoader(StatefulDataLoader):
-        """StatefulDataLoader that refuses, with a clear error, a state of another worker count."""
+    class TsFileStatefulLoader(_Guarded, StatefulDataLoader):
+        """StatefulDataLoader that refuses, with a clear error, a state of another worker count.
+
+        Worker failures are named as in :class:`TsFileDataLoader`; epoch sums are not checked
+        (a resumed epoch hands out only part of the rows).
+        """
+
+        def _epoch_sums(self):
+            return None
 
         def load_state_dict(self, state_dict: dict) -> None:
             if state_dict:

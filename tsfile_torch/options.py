@@ -19,7 +19,21 @@ from .reader import DEFAULT_BLOCK_ROWS
 from .remote import DEFAULT_CACHE_LIMIT, RemoteOptions
 from .timeline import default_index_dir
 
-__all__ = ["CACHE_MODES", "DatasetOptions"]
+__all__ = ["CACHE_MODES", "MAX_RANDOM_BATCHES", "DatasetOptions", "check_random_batches"]
+
+#: Most random windows per epoch: their start rows are one int64 array (2 GiB at this bound).
+MAX_RANDOM_BATCHES = 1 << 28
+
+
+def check_random_batches(name: str, value) -> None:
+    """Raise ValueError if ``value`` windows per epoch exceed :data:`MAX_RANDOM_BATCHES`."""
+    if value is not None and value > MAX_RANDOM_BATCHES:
+        raise ValueError(
+            f"{name}={value} random windows per epoch is beyond the limit of "
+            f"{MAX_RANDOM_BATCHES} (their start rows alone would take {value * 8 / 2**30:.0f} "
+            f"GiB); use fewer windows per epoch and more epochs"
+        )
+
 
 #: ``none``: streaming; decoded blocks live in a bounded cache emptied at each epoch.
 #: ``memory``: every row read is kept, assembled, in the process across epochs (decode once;
@@ -109,6 +123,12 @@ class DatasetOptions:
         normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std:
             one pass over the data when the dataset is built) or a
             :class:`~tsfile_torch.normalize.Normalizer` naming every column.
+        validate: check every file's metadata and first chunks in a child process when the
+            dataset is built, so a file that crashes tsfile's native reader is a
+            ``TsFileFormatError`` instead (see :mod:`tsfile_torch.validate`); ``False`` skips it
+            for trusted data.
+        check_statistics: cross-check every decoded block against the file's metadata
+            statistics (see :mod:`tsfile_torch.integrity`).
     """
 
     columns: tuple[str, ...] | None = None
@@ -135,6 +155,8 @@ class DatasetOptions:
     align: str | None = None
     fill: str = "nan"
     normalize: str | Normalizer | None = None
+    validate: bool = True
+    check_statistics: bool = True
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -157,11 +179,14 @@ class DatasetOptions:
         _bool("drop_last", self.drop_last)
         _bool("return_timestamps", self.return_timestamps)
         _bool("malloc_tuning", self.malloc_tuning)
+        _bool("validate", self.validate)
+        _bool("check_statistics", self.check_statistics)
         _positive_int("decode_threads", self.decode_threads, allow_none=True)
         set_("seed", _seed(self.seed))
         set_("read_backend", parse_backend(self.read_backend))
         set_("dtype", _dtype_name(self.dtype))
         _positive_int("random_batches", self.random_batches, allow_none=True)
+        check_random_batches("random_batches", self.random_batches)
         if self.cache not in CACHE_MODES:
             raise ValueError(
                 f"cache must be one of {', '.join(map(repr, CACHE_MODES))}; got {self.cache!r}"

@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
@@ -28,9 +29,11 @@ import pyarrow.compute as pc
 from .blockcache import Block, BlockCache
 from .catalog import Catalog, ReadGroup
 from .errors import SchemaError, TsFileFormatError
+from .integrity import StatisticsCheck, check_unchanged
 from .native import query, query_times
 from .openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles, tune_malloc
 from .timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
+from .workers import reading
 
 __all__ = [
     "BatchReader",
@@ -69,6 +72,19 @@ def default_cache_bytes(catalog: Catalog, itemsize: int, block_rows: int) -> int
     """
     one = block_rows * (len(catalog.columns) * itemsize + 8 * len(catalog.groups))
     return min(max(_MIN_CACHE_BYTES, 2 * one), cache_cap())
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """One native read, prepared in the calling thread: group-local rows of one group."""
+
+    group_index: int
+    group: ReadGroup
+    reader: object
+    handles: list
+    span: tuple[int, int, int]  # start_time, end_time, rows to skip
+    start: int
+    num_rows: int
 
 
 class _Segments:
@@ -133,6 +149,7 @@ class BatchReader:
         max_open_files: int = DEFAULT_MAX_OPEN_FILES,
         index_dir: str | None = None,
         index_stride: int = DEFAULT_INDEX_STRIDE,
+        check_statistics: bool = True,
     ):
         self.catalog = catalog
         self.read_backend = read_backend
@@ -168,6 +185,11 @@ class BatchReader:
         self._matrix: np.ndarray | None = None
         self._matrix_times: np.ndarray | None = None
         self._filled: np.ndarray | None = None
+        # Note: integrity hooks (tsfile_torch.integrity)
+        self.statistics = StatisticsCheck(catalog, self.dtype) if check_statistics else None
+        #: called with a description of each native read before it starts, and with None after
+        #: it (DataLoader workers record it so the main process can name a crashed read)
+        self.on_read = None
 
     def _fit_block_rows(self, block_rows: int) -> int:
         if not self.cache.capacity:
@@ -238,26 +260,12 @@ class BatchReader:
             self._clip = clip
 
     def check_unchanged(self) -> None:
-        """Raise if a source file's size or mtime differs from when the catalog was built.
+        """Raise TsFileFormatError if a source file changed since the catalog was built.
 
-        A mapped file must not be modified or truncated while mapped (upstream's rule): failing
-        here replaces a SIGBUS or silently wrong rows with a clear error.
+        See :func:`tsfile_torch.integrity.check_unchanged` (size, mtime, ctime, inode).
         """
         for info in self.catalog.files:
-            if not isinstance(info.source, str):
-                continue
-            try:
-                st = os.stat(info.source)
-            except OSError as err:
-                raise TsFileFormatError(
-                    f"{info.name}: file disappeared while in use ({err}); rebuild the dataset"
-                ) from err
-            if (st.st_size, st.st_mtime_ns) != (info.nbytes, info.mtime_ns):
-                raise TsFileFormatError(
-                    f"{info.name}: file changed while in use (size {info.nbytes} -> "
-                    f"{st.st_size}, mtime changed: {st.st_mtime_ns != info.mtime_ns}); files must "
-                    f"not be modified while a dataset reads them: rebuild the dataset"
-                )
+            check_unchanged(info)
 
     # -- decoding -------------------------------------------------------------------------
     def _index(self, group_index: int) -> TimeIndex:
@@ -268,7 +276,17 @@ class BatchReader:
 
             def fetch(t0: int, t1: int) -> np.ndarray:
                 reader, handles = self.files.handles(group_index, group)  # may have been closed
-                return query_times(reader, handles[0], group.aligned, t0, t1)
+                what = (
+                    f"{info.name}: device {'.'.join(map(str, group.device))}, timestamps "
+                    f"[{t0}, {t1}] for the timeline index via {self.read_backend}"
+                )
+                if self.on_read is not None:  # announced like every native read
+                    self.on_read(what)
+                try:
+                    return reading(what, query_times, reader, handles[0], group.aligned, t0, t1)
+                finally:
+                    if self.on_read is not None:
+                        self.on_read(None)
 
             index = open_index(fetch, info, group, self.index_stride, self.index_dir)
             self._indexes[group_index] = index
@@ -286,16 +304,39 @@ class BatchReader:
             save_index(index, info, group, self.index_dir)
         return span
 
-    def _plan(self, group_index: int, start: int, stop: int):
+    def _plan(self, group_index: int, start: int, stop: int) -> _Plan:
         """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread)."""
         group = self.catalog.groups[group_index]
         span = self._span(group_index, start, stop)
         reader, handles = self.files.handles(group_index, group)
-        return group, reader, handles, span, stop - start
+        return _Plan(group_index, group, reader, handles, span, start, stop - start)
 
-    def _decode(self, plan) -> Block:
-        """Decode one planned range of one group into a block of exactly its rows."""
-        group, reader, handles, (start_time, end_time, skip), num_rows = plan
+    def _decode(self, plan: _Plan) -> Block:
+        """Decode one planned range of one group into a block of exactly its rows.
+
+        Note: integrity hooks (tsfile_torch.integrity). Around every native read the file is
+        checked unchanged before and after, the read is announced (worker slot; a frame that
+        names it in a fatal signal report), and the decoded block is checked against the
+        metadata statistics.
+        """
+        info = self.catalog.files[plan.group.file_index]
+        check_unchanged(info)
+        what = self._describe(plan)
+        if self.on_read is not None:
+            self.on_read(what)
+        try:
+            block = reading(what, self._decode_native, plan)
+        finally:
+            if self.on_read is not None:
+                self.on_read(None)
+        check_unchanged(info)  # changed during the read?
+        if self.statistics is not None:
+            self.statistics.block(plan.group_index, plan.start, block.times, block.values)
+        return block
+
+    def _decode_native(self, plan: _Plan) -> Block:
+        group, reader, handles, num_rows = plan.group, plan.reader, plan.handles, plan.num_rows
+        start_time, end_time, skip = plan.span
         out = self.cache.buffers(len(handles), num_rows)
         times, values = out.times, out.values
         want = skip + num_rows
@@ -350,6 +391,14 @@ class BatchReader:
             )
         block = self._decode(self._plan(group_index, start, stop))
         return block.times, block.values
+
+    def _describe(self, plan: _Plan) -> str:
+        group = plan.group
+        info = self.catalog.files[group.file_index]
+        return (
+            f"{info.name}: device {'.'.join(map(str, group.device))}, rows [{plan.start}, "
+            f"{plan.start + plan.num_rows}) via {self.read_backend}"
+        )
 
     def _lost(self, group: ReadGroup, start_time: int, num_rows: int, got: int) -> str:
         info = self.catalog.files[group.file_index]

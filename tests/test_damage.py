@@ -1,0 +1,243 @@
+"""Damaged files and files changed under a running dataset: exact values or a clear error.
+
+Each case runs in a subprocess with a timeout, for every backend and num_workers 0 and 2: it must
+end in exact values or a TsFileTorchError subclass naming the file, never a signal, a hang or
+wrong values. The full sweep is marked slow; a representative subset runs by default.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tsfile_torch import synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+ROWS = 30000
+COMBOS = [(b, w) for b in ("auto", "mmap", "pread") for w in (0, 2)]
+
+# The probe: read the whole file through a dataset (and a make_loader with workers), optionally
+# changing it after the first batch; print one JSON line per (backend, workers).
+PROBE = r"""
+import json, os, sys, shutil
+import numpy as np
+from tsfile_torch import TsFileDataset, TsFileIterableDataset, TsFileTorchError, make_loader
+from tsfile_torch import synthetic
+
+args = json.loads(sys.argv[1])
+path, change, kind = args["path"], args.get("change"), args.get("kind", "iterable")
+
+def apply_change():
+    st = os.stat(path)
+    if change == "truncate":
+        os.truncate(path, st.st_size // 2)
+    elif change in ("overwrite", "overwrite_keep_mtime"):
+        data = bytearray(open(path, "rb").read())
+        data[args["flip"]] ^= 0x55
+        with open(path, "r+b") as fh:
+            fh.write(data)
+        if change == "overwrite_keep_mtime":
+            os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    elif change == "delete":
+        os.remove(path)
+    elif change == "rename_over":
+        shutil.copy(args["other"], path + ".new")
+        os.replace(path + ".new", path)
+
+for backend, workers in args["combos"]:
+    if change:
+        shutil.copy(args["pristine"], path)
+    outcome = None
+    seen = wrong = 0
+    try:
+        if kind == "map":
+            ds = TsFileDataset(path, batch_size=5000, read_backend=backend, dtype="float64",
+                               return_timestamps=True, block_rows=5000)
+        else:
+            ds = TsFileIterableDataset(path, batch_size=5000, read_backend=backend,
+                                       dtype="float64", return_timestamps=True, block_rows=5000)
+        loader = make_loader(ds, num_workers=workers, timeout=60) if workers else ds
+        for epoch in range(2):
+            for i, (values, times) in enumerate(loader):
+                rows = times.numpy()
+                want = np.stack([synthetic.value_of(0, c, rows) for c in range(4)], 1)
+                wrong += int((values.numpy() != want).sum())
+                seen += len(rows)
+                if change and epoch == args.get("change_epoch", 0) and i == 0 and seen:
+                    apply_change()
+        outcome = {"result": "wrong" if wrong else "exact", "rows": seen, "values": wrong}
+    except TsFileTorchError as err:
+        result = "wrong_then_error" if wrong else "error"
+        outcome = {"result": result, "type": type(err).__name__, "message": str(err)}
+    except Exception as err:
+        outcome = {"result": "other", "type": type(err).__name__, "message": str(err)[:500]}
+    print(json.dumps({"backend": backend, "workers": workers, **outcome}), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """One table file: 1 device x 4 DOUBLE x 30,000 rows (the fault-injection run's shape)."""
+    directory = tmp_path_factory.mktemp("pristine")
+    synthetic.write_table_files(directory, synthetic.DatasetSpec(1, 1, 4, ROWS))
+    return next(directory.glob("*.tsfile"))
+
+
+def _value_chunk(data: bytes, k: int) -> int:
+    """Offset of the value-chunk header of series s<k> (marker 0x41, name 's<k>')."""
+    return data.index(b"\x41\x04s" + str(k).encode())
+
+
+def _damaged(data: bytes, case: str) -> bytes:
+    """Return a damaged copy of ``data`` for a named case (fixed, reproducible offsets)."""
+    b = bytearray(data)
+    kind, _, arg = case.partition(":")
+    if kind == "truncate":
+        return bytes(b[: int(len(b) * float(arg))]) if "." in arg else bytes(b[: len(b) - int(arg)])
+    if kind == "garbage":
+        return bytes(b) + bytes(range(256)) * 4
+    if kind == "flip":
+        where, _, delta = arg.partition("+")
+        if where == "end":
+            offset = len(b) - int(delta)
+        elif where == "time":
+            offset = 9 + int(delta)  # inside the time chunk, which starts the data
+        else:
+            offset = _value_chunk(data, int(where[1:])) + int(delta)
+        b[offset] ^= 0xFF
+        return bytes(b)
+    raise ValueError(case)
+
+
+DEFAULT_CASES = [
+    "flip:end+8",  # the metadata-size field: SIGSEGV at build before issue 7
+    "flip:s1+0",  # a value-chunk marker: SIGSEGV at the first batch before issue 7
+    "flip:s1+10000",  # a data page
+    "truncate:0.5",
+    "garbage:",
+]
+SLOW_CASES = [
+    "truncate:0.1",
+    "truncate:0.9",
+    "truncate:1",
+    "truncate:7",
+    "flip:end+3",  # the closing magic
+    "flip:end+100",  # the metadata index
+    "flip:s1+2",  # a value-chunk name
+    "flip:time+300",
+    "flip:s1+80000",
+    "flip:s1+500",
+    "flip:s1+10000",
+    "flip:s2+500",
+    "flip:s2+100000",
+    "flip:s3+500",
+    "flip:s3+150000",
+    "flip:s0+1000",
+]
+#: Damage that decodes to plausible values: inside [min, max], timestamps intact, a sum within
+#: rounding of the metadata's (TsFile pages carry no checksum). Measured, not guessed.
+UNDETECTABLE = {"flip:s2+500", "flip:s2+100000"}
+#: Damage whose wrong values are handed out, then flagged by a statistics check (sum, last value)
+#: at the end of the epoch: the run ends in an error naming the file, late.
+LATE = {"flip:s1+80000", "flip:s1+500", "flip:s3+500", "flip:s3+150000", "flip:s0+1000"}
+
+
+def _run(args: dict, timeout: float = 240) -> list[dict]:
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, json.dumps(args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, f"probe died ({proc.returncode}): {proc.stderr[-3000:]}"
+    lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == len(args["combos"]), proc.stderr[-3000:]
+    return lines
+
+
+def _check(outcomes: list[dict], name: str, exact_rows: int | None = None) -> None:
+    for o in outcomes:
+        where = f"{o['backend']} workers={o['workers']}"
+        if o["result"] == "wrong_then_error":  # a statistics check flags the epoch at its end
+            assert "metadata says" in o["message"], f"{where}: {o}"
+        else:
+            assert o["result"] in ("exact", "error"), f"{where}: {o}"
+        if o["result"] != "exact":
+            assert name in o["message"], f"{where}: error does not name the file: {o}"
+        elif exact_rows is not None:
+            assert o["rows"] == exact_rows, f"{where}: {o}"
+
+
+def _damage_case(tmp_path, pristine, case):
+    bad = tmp_path / "damaged.tsfile"
+    bad.write_bytes(_damaged(pristine.read_bytes(), case))
+    outcomes = _run({"path": str(bad), "combos": COMBOS})  # never a signal or a hang
+    if case in UNDETECTABLE:
+        try:
+            _check(outcomes, "damaged.tsfile", exact_rows=2 * ROWS)
+        except AssertionError:
+            pytest.xfail("damage decodes to plausible values; TsFile pages carry no checksum")
+    _check(outcomes, "damaged.tsfile", exact_rows=2 * ROWS)
+    if case in LATE:
+        assert all(o["result"] == "wrong_then_error" for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("case", DEFAULT_CASES)
+def test_damaged_file_reads_exactly_or_fails_naming_it(tmp_path, pristine, case):
+    _damage_case(tmp_path, pristine, case)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", SLOW_CASES)
+def test_damaged_file_sweep(tmp_path, pristine, case):
+    _damage_case(tmp_path, pristine, case)
+
+
+CHANGES = ["truncate", "overwrite", "overwrite_keep_mtime", "delete", "rename_over"]
+
+
+def _change_case(tmp_path, pristine, change, kind, change_epoch):
+    path = tmp_path / "live.tsfile"
+    other = tmp_path / "other.tsfile"
+    synthetic.write_table_files(tmp_path / "o", synthetic.DatasetSpec(1, 1, 4, ROWS, table="u"))
+    other.write_bytes(next((tmp_path / "o").glob("*.tsfile")).read_bytes())
+    flip = _value_chunk(pristine.read_bytes(), 2) + 100000
+    outcomes = _run(
+        {
+            "path": str(path),
+            "pristine": str(pristine),
+            "other": str(other),
+            "change": change,
+            "change_epoch": change_epoch,
+            "kind": kind,
+            "flip": flip,
+            "combos": COMBOS,
+        }
+    )
+    _check(outcomes, "live.tsfile")
+    if kind == "iterable" and change_epoch == 0:  # the second epoch must notice
+        assert all(o["result"] == "error" for o in outcomes), outcomes
+
+
+@pytest.mark.parametrize("change", ["truncate", "overwrite_keep_mtime"])
+def test_file_changed_mid_epoch_reads_exactly_or_fails_naming_it(tmp_path, pristine, change):
+    _change_case(tmp_path, pristine, change, "iterable", 0)
+
+
+def test_map_style_dataset_without_set_epoch_notices_a_truncation(tmp_path, pristine):
+    _change_case(tmp_path, pristine, "truncate", "map", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["iterable", "map"])
+@pytest.mark.parametrize("change", CHANGES)
+def test_file_change_sweep(tmp_path, pristine, change, kind):
+    _change_case(tmp_path, pristine, change, kind, 0)

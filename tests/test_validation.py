@@ -1,0 +1,202 @@
+"""Validation in a child, `tsfile-torch verify`, errno-keeping errors, and the loader's timeout."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import re
+import resource
+import shutil
+
+import pytest
+
+from tsfile_torch import (
+    TsFileDataset,
+    TsFileFormatError,
+    TsFileIterableDataset,
+    make_loader,
+    open_reader,
+    synthetic,
+)
+from tsfile_torch.cli import main
+from tsfile_torch.loader import default_timeout
+from tsfile_torch.validate import validate_sources
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    """A good file and three damaged copies: metadata size, data page (max), truncated."""
+    directory = tmp_path_factory.mktemp("corpus")
+    synthetic.write_table_files(directory / "src", synthetic.DatasetSpec(1, 1, 4, 30000))
+    data = next((directory / "src").glob("*.tsfile")).read_bytes()
+    (directory / "good.tsfile").write_bytes(data)
+    meta = bytearray(data)
+    meta[len(data) - 8] ^= 0xFF  # crashes tsfile's reader at open
+    (directory / "meta.tsfile").write_bytes(bytes(meta))
+    page = bytearray(data)
+    page[data.index(b"\x41\x04s1") + 80060] ^= 0xFF  # decodes a value above the series maximum
+    (directory / "page.tsfile").write_bytes(bytes(page))
+    (directory / "cut.tsfile").write_bytes(data[: len(data) // 2])
+    return directory
+
+
+def test_a_file_that_crashes_the_native_reader_is_a_format_error_naming_it(corpus):
+    with pytest.raises(TsFileFormatError, match=r"meta\.tsfile: tsfile's native reader crashed"):
+        TsFileIterableDataset(corpus / "meta.tsfile")
+
+
+def test_validation_reports_every_damaged_file_and_goes_on_after_a_crash(corpus):
+    names = ["meta", "good", "cut", "page"]
+    problems = validate_sources([str(corpus / f"{n}.tsfile") for n in names], "full")
+    assert [os.path.basename(p.name) for p in problems] == [
+        "meta.tsfile",
+        "cut.tsfile",
+        "page.tsfile",
+    ]
+    assert "crashed" in problems[0].reason and "SIGSEGV" in problems[0].reason
+    assert "above the series maximum" in problems[2].reason and "t.d0.s1" in problems[2].reason
+
+
+def test_verify_command_prints_each_damaged_file_with_the_reason(corpus, capsys):
+    files = [str(corpus / f"{n}.tsfile") for n in ("good", "meta", "page")]
+    assert main(["verify", *files, "--json"]) == 1
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["ok"] for r in records] == [True, False, False]
+    assert "rows [0, 30000)" in records[2]["reason"]
+    assert main(["verify", files[0]]) == 0
+    assert "1 files checked (full), 0 damaged" in capsys.readouterr().out
+
+
+def test_the_statistics_check_names_file_series_and_rows_when_reading(corpus):
+    ds = TsFileIterableDataset(corpus / "page.tsfile", batch_size=30000)  # headers pass
+    with pytest.raises(
+        TsFileFormatError, match=r"page\.tsfile: series t\.d0\.s1, rows \[0, 30000\)"
+    ):
+        list(ds)
+    quiet = TsFileIterableDataset(corpus / "page.tsfile", batch_size=30000, check_statistics=False)
+    assert len(list(quiet)) == 1  # the check is what catches it
+
+
+def test_validate_false_skips_the_child(corpus, monkeypatch):
+    from tsfile_torch import datasets
+
+    monkeypatch.setattr(datasets, "check_sources", lambda sources: pytest.fail("validated"))
+    TsFileIterableDataset(corpus / "good.tsfile", validate=False)
+
+
+def test_a_file_overwritten_with_its_mtime_kept_is_noticed_between_passes(tmp_path, corpus):
+    path = tmp_path / "live.tsfile"
+    shutil.copy(corpus / "good.tsfile", path)
+    ds = TsFileDataset(path, batch_size=10000, read_backend="pread")  # no set_epoch
+    [ds[i] for i in range(len(ds))]
+    st = os.stat(path)
+    data = bytearray(path.read_bytes())
+    data[-2000] ^= 1
+    with open(path, "r+b") as fh:  # same size, in place, then the mtime put back (cp -p)
+        fh.write(data)
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    ds.reader.clear_cache()
+    with pytest.raises(TsFileFormatError, match=r"live\.tsfile: file changed while in use \(ctime"):
+        ds[0]
+
+
+def test_too_many_open_files_keeps_errno_and_says_what_to_do(corpus):
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    held = []
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(256, hard), hard))
+    try:
+        try:
+            while len(held) < 1024:
+                held.append(os.open(os.devnull, os.O_RDONLY))
+        except OSError:
+            pass
+        with pytest.raises(TsFileFormatError) as info:
+            open_reader(str(corpus / "good.tsfile"), "pread")
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert info.value.errno == errno.EMFILE
+    assert "good.tsfile: cannot open: too many open files (raise ulimit -n" in str(info.value)
+
+
+PERMISSION_PROBE = """
+import sys
+from tsfile_torch import TsFileFormatError, open_reader
+try:
+    open_reader(sys.argv[1], "pread")
+except TsFileFormatError as err:
+    print(err.errno, err)
+"""
+
+
+def test_permission_denied_keeps_errno(tmp_path, corpus):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = tmp_path / "locked.tsfile"
+    shutil.copy(corpus / "good.tsfile", path)
+    path.chmod(0)
+    command = [sys.executable, "-c", PERMISSION_PROBE, str(path)]
+    if os.geteuid() == 0:  # root reads anything: run without the capabilities that allow it
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            pytest.skip("running as root without setpriv to drop CAP_DAC_OVERRIDE")
+        command = [setpriv, "--bounding-set=-dac_override,-dac_read_search", "--", *command]
+    repo = str(Path(__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": repo + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120).stdout
+    assert out.startswith(f"{errno.EACCES} "), out
+    assert "locked.tsfile: cannot open: permission denied" in out
+
+
+def test_zero_batches_warn_and_absurd_random_batches_are_rejected(corpus):
+    with pytest.warns(UserWarning, match="yields no batches: drop_last=True and batch_size=40000"):
+        TsFileIterableDataset(corpus / "good.tsfile", batch_size=40000, drop_last=True)
+    with pytest.raises(ValueError, match=r"random_batches=1000000000000 .* beyond the limit"):
+        TsFileIterableDataset(corpus / "good.tsfile", random_batches=10**12)
+    ds = TsFileDataset(corpus / "good.tsfile", batch_size=1000)
+    with pytest.raises(ValueError, match="count=1000000000000"):
+        ds.set_random_batches(10**12)
+
+
+def test_make_loader_sets_a_timeout_fitting_the_block_size(corpus):
+    ds = TsFileIterableDataset(corpus / "good.tsfile", batch_size=1000)
+    loader = make_loader(ds, num_workers=2)
+    assert loader.timeout == default_timeout(ds) > 120
+    assert make_loader(ds, num_workers=2, timeout=0).timeout == 0
+    assert make_loader(ds).timeout == 0  # no workers, nothing to wait on
+
+
+def test_an_epoch_read_by_workers_is_checked_against_the_column_sums(tmp_path, corpus):
+    data = bytearray((corpus / "good.tsfile").read_bytes())
+    data[data.index(b"\x41\x04s1") + 500] ^= 0xFF  # plausible values, but a wrong sum
+    path = tmp_path / "late.tsfile"
+    path.write_bytes(bytes(data))
+    # float64 batches: the sum of float32 batches allows their rounding, too coarse for this
+    ds = TsFileIterableDataset(path, batch_size=5000, block_rows=5000, dtype="float64")
+    loader = make_loader(ds, num_workers=2)
+    with pytest.raises(TsFileFormatError, match=r"late\.tsfile: series t\.d0\.s1.*metadata says"):
+        list(loader)
+
+
+def test_epochs_that_are_not_one_full_pass_are_not_sum_checked(corpus):
+    import torch.utils.data as tud
+
+    ds = TsFileDataset(corpus / "good.tsfile", batch_size=5000)
+    sampler = tud.RandomSampler(ds, replacement=True)  # repeats batches: sums would differ
+    loader = make_loader(ds, sampler=sampler)
+    assert loader._epoch_sums() is None
+    assert len(list(loader)) == 6
+    assert make_loader(ds)._epoch_sums() is not None
+    windows = TsFileIterableDataset(corpus / "good.tsfile", batch_size=5000, random_batches=6)
+    assert make_loader(windows)._epoch_sums() is None
+
+
+def test_inspect_reports_a_damaged_file_instead_of_crashing(corpus, capsys):
+    assert main(["inspect", str(corpus / "meta.tsfile")]) == 2  # a user error: one line, exit 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert re.search(r"meta\.tsfile: tsfile's native reader crashed", err)

@@ -1,0 +1,230 @@
+"""Workers that crash, stall or lose their parent are reported, never waited on forever."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch.utils.data as tud
+
+from tsfile_torch import TsFileIterableDataset, WorkerError, make_loader, synthetic
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class _StuckInNativeRead(TsFileIterableDataset):
+    """In workers, the read of rows [2500, ...) blocks in native code (libc sleep) for an hour."""
+
+    @property
+    def reader(self):
+        reader = TsFileIterableDataset.reader.fget(self)
+        if tud.get_worker_info() is not None and not getattr(reader, "_stuck", False):
+            note = reader.on_read
+
+            def on_read(text):
+                note(text)
+                if text is not None and "rows [2500," in text:
+                    ctypes.CDLL(None).sleep(3600)
+
+            reader.on_read, reader._stuck = on_read, True
+        return reader
+
+
+def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(small_dir):
+    ds = _StuckInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    loader = make_loader(ds, num_workers=2, timeout=5)
+    start = time.monotonic()
+    with pytest.raises(
+        WorkerError, match=r"timed out after 5 seconds.*part00\d\.tsfile.*rows \[2500"
+    ):
+        list(loader)
+    assert time.monotonic() - start < 120  # reported, not waited on forever
+    del loader
+
+
+class _CrashesInNativeRead(TsFileIterableDataset):
+    """In workers, the read of rows [2500, ...) dies of SIGSEGV in native code (or SIGKILL)."""
+
+    how = "segv"
+
+    @property
+    def reader(self):
+        reader = TsFileIterableDataset.reader.fget(self)
+        if tud.get_worker_info() is not None and not getattr(reader, "_crash", False):
+            note = reader.on_read
+
+            def on_read(text):
+                note(text)
+                if text is not None and "rows [2500," in text:
+                    if self.how == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    ctypes.string_at(0)  # a real segmentation fault, in native code
+
+            reader.on_read, reader._crash = on_read, True
+        return reader
+
+
+@pytest.mark.parametrize("how", ["segv", "kill"])
+def test_a_worker_killed_in_native_code_is_reported_with_the_file_and_rows(small_dir, how):
+    ds = _CrashesInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    ds.how = how
+    loader = make_loader(ds, num_workers=2)
+    with pytest.raises(WorkerError, match=r"part00\d\.tsfile: device t\.d\d, rows \[2500, 5000\)"):
+        list(loader)
+
+
+def test_building_a_dataset_on_that_file_is_a_format_error_naming_it(tmp_path):
+    from tsfile_torch import TsFileFormatError
+
+    synthetic.write_table_files(tmp_path, synthetic.DatasetSpec(1, 1, 4, 30000))
+    path = next(tmp_path.glob("*.tsfile"))
+    data = bytearray(path.read_bytes())
+    data[len(data) - 8] ^= 0xFF  # the metadata-size field: SIGSEGV in tsfile's reader
+    path.write_bytes(bytes(data))
+    with pytest.raises(TsFileFormatError, match=r"part000\.tsfile: tsfile's native reader crashed"):
+        TsFileIterableDataset(path)
+
+
+ORPHAN = r"""
+import ctypes, json, sys
+import torch.utils.data as tud
+from tsfile_torch import TsFileIterableDataset, make_loader
+
+class Stuck(TsFileIterableDataset):
+    @property
+    def reader(self):
+        reader = TsFileIterableDataset.reader.fget(self)
+        if tud.get_worker_info() is not None:
+            reader.on_read = lambda text: ctypes.CDLL(None).sleep(3600)
+        return reader
+
+ds = Stuck(sys.argv[1], batch_size=1000)
+it = iter(make_loader(ds, num_workers=2))
+print(json.dumps([w.pid for w in it._workers]), flush=True)
+next(it)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+def test_no_worker_outlives_a_killed_parent(small_dir):
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", ORPHAN, str(small_dir)], stdout=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        pids = json.loads(proc.stdout.readline())
+        assert len(pids) == 2 and all(_alive(p) for p in pids)
+        time.sleep(2)  # the workers are now blocked in native code
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+        deadline = time.monotonic() + 30
+        while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(p) for p in pids)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def _process_figures(pid: int | str = "self") -> dict:
+    with open(f"/proc/{pid}/status") as fh:
+        status = dict(line.split(":", 1) for line in fh)
+    with open(f"/proc/{pid}/maps") as fh:
+        maps = sum(1 for _ in fh)
+    return {
+        "fds": len(os.listdir(f"/proc/{pid}/fd")),
+        "maps": maps,
+        "rss_kib": int(status["VmRSS"].split()[0]),
+        "threads": int(status["Threads"]),
+    }
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_100_epochs_leak_no_fds_maps_memory_or_threads(small_dir, num_workers):
+    ds = TsFileIterableDataset(small_dir, batch_size=2500, read_backend="mmap")
+    loader = make_loader(ds, num_workers=num_workers) if num_workers else ds
+    figures = []
+    for epoch in range(100):
+        ds.set_epoch(epoch)
+        total = sum(float(b[0, 0]) for b in loader)
+        assert np.isfinite(total)
+        if epoch in (9, 99):
+            pids = ["self"]
+            if num_workers:
+                pids += [w.pid for w in loader._iterator._workers]
+            figures.append([_process_figures(p) for p in pids])
+    for before, after in zip(*figures, strict=True):
+        assert after["fds"] <= before["fds"], (before, after)
+        assert after["threads"] <= before["threads"], (before, after)
+        assert after["maps"] <= before["maps"] + 8, (before, after)
+        assert after["rss_kib"] <= before["rss_kib"] + 32 * 1024, (before, after)
+
+
+CRASH_IN_PROCESS = r"""
+import ctypes, sys
+from tsfile_torch import TsFileIterableDataset
+from tsfile_torch.reader import BatchReader
+
+BatchReader._decode_native = lambda self, *args: ctypes.string_at(0)  # a native crash
+list(TsFileIterableDataset(sys.argv[1], batch_size=1000))
+"""
+
+
+def test_a_native_crash_in_the_reading_process_names_the_file_and_rows(small_dir):
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", CRASH_IN_PROCESS, str(small_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert proc.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in proc.stderr
+    assert "<tsfile-torch was reading " in proc.stderr
+    assert "part000.tsfile: device t.d0, rows [0, 5000)" in proc.stderr
+
+
+def test_datasets_created_and_dropped_leak_no_fds_threads_or_children(small_dir):
+    def build_and_read():
+        ds = TsFileIterableDataset(small_dir, batch_size=2500)  # one validation child each
+        next(iter(ds))
+        ds.close()
+
+    for _ in range(3):
+        build_and_read()
+    before, children_before = _process_figures(), _children()
+    for _ in range(30):
+        build_and_read()
+    after = _process_figures()
+    assert after["fds"] <= before["fds"] and after["threads"] <= before["threads"]
+    assert _children() <= children_before  # every validation child was reaped
+
+
+def _children() -> set[int]:
+    return {
+        int(p) for p in os.listdir("/proc") if p.isdigit() and _parent_of(int(p)) == os.getpid()
+    }
+
+
+def _parent_of(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return None

@@ -1,0 +1,286 @@
+"""Integrity checks on what is read: files unchanged, decoded values consistent with metadata.
+
+Two checks, both called by the reader around each native read (Note: integrity hooks):
+
+- :func:`check_unchanged` before and after every block read: one ``os.stat`` of the file, compared
+  with the size, mtime, ctime, inode and device recorded when the catalog was built (after: so
+  a block read while the file was being written is never handed out). ctime changes on every
+  write whatever ``cp -p`` or ``rsync -t`` do to mtime, and a rename over the file changes the
+  inode. A change is a :class:`TsFileFormatError` naming the file.
+- :class:`StatisticsCheck` after every decoded block: row count (the reader's own check),
+  timestamps strictly increasing, the first / last timestamp and value of each series where the
+  block holds the series' first / last row, every value inside the series' [min, max], and, once a
+  process has decoded every row of a series in one file, its sum. A mismatch is a
+  :class:`TsFileFormatError` naming the file, the series and the rows.
+
+- :class:`EpochSums` in the main process, over the batches a loader hands out: when one epoch
+  delivered every row exactly once, each column's sum must match the sum of its series'
+  statistics. Order-independent, so it covers what DataLoader workers decoded (each worker sees
+  only its share of a series); the error comes at the end of that epoch.
+
+What this cannot catch: TsFile pages carry no checksum, so damage that decodes to plausible values
+(inside [min, max], timestamps still increasing, rows the sum check never sees whole) is not
+detected. The sum check needs one process to decode all rows of a series in a file: with
+DataLoader workers each worker decodes only its share, so only the other checks apply there.
+
+The reader must call (hooks, in this order, for every native read of group rows [start, stop)):
+``check_unchanged(info)`` before and after the read, ``check.block(group_index, start, times,
+values)`` after it, with ``values`` as ``(len(group.columns), n)`` in the output dtype (NaN for
+nulls).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import numpy as np
+
+from .catalog import Catalog, FileInfo, ReadGroup
+from .errors import TsFileFormatError
+
+__all__ = ["check_unchanged", "identity_of", "StatisticsCheck", "EpochSums"]
+
+
+def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    """Return (size, mtime_ns, ctime_ns, inode, device) of a stat result."""
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+def check_unchanged(info: FileInfo) -> None:
+    """Raise if the file at ``info.source`` is not the one the catalog was built from.
+
+    File objects are not checked: tsfile may be reading through them from another thread, and
+    moving their position here would race with it.
+
+    Raises:
+        TsFileFormatError: the file was deleted, replaced, truncated, extended or written to.
+    """
+    if not isinstance(info.source, str):
+        return
+    try:
+        st = os.stat(info.source)
+    except OSError as err:
+        raise TsFileFormatError(
+            f"{info.name}: file disappeared while in use ({err}); files must not be moved or "
+            f"deleted while a dataset reads them: rebuild the dataset"
+        ) from err
+    now = identity_of(st)
+    then = (info.nbytes, info.mtime_ns, info.ctime_ns, info.inode, info.device_id)
+    if now != then:
+        what = [
+            label
+            for label, a, b in zip(
+                ("size", "mtime", "ctime", "inode", "device"), then, now, strict=True
+            )
+            if a != b
+        ]
+        raise TsFileFormatError(
+            f"{info.name}: file changed while in use ({', '.join(what)} changed; size "
+            f"{info.nbytes} -> {st.st_size}); files must not be modified, replaced or truncated "
+            f"while a dataset reads them: rebuild the dataset"
+        )
+
+
+class StatisticsCheck:
+    """Cross-check decoded blocks of one catalog against the statistics in its metadata.
+
+    One per reading process (it remembers per-series sums until a series is complete).
+    """
+
+    def __init__(self, catalog: Catalog, dtype: np.dtype):
+        self.catalog = catalog
+        self.dtype = np.dtype(dtype)
+        # group -> {local start: (local stop, float64 sums per column, abs sums per column)}
+        self._sums: dict[int, dict[int, tuple[int, np.ndarray, np.ndarray]]] = {}
+        self._summed: set[int] = set()
+        self._lock = threading.Lock()
+        #: groups whose sum was verified over a whole pass (a test reads it)
+        self.verified_sums: set[int] = set()
+
+    def _fail(self, group: ReadGroup, shard_pos: int | None, start: int, stop: int, what: str):
+        info = self.catalog.files[group.file_index]
+        device = ".".join(map(str, group.device))
+        series = (
+            f"series {device}.{group.shards[shard_pos].measurement}"
+            if shard_pos is not None
+            else f"device {device}"
+        )
+        raise TsFileFormatError(
+            f"{info.name}: {series}, rows [{start}, {stop}): {what}; the decoded data disagree "
+            f"with the file's own statistics: the file is damaged (or changed while in use)"
+        )
+
+    def block(self, group_index: int, start: int, times: np.ndarray, values: np.ndarray) -> None:
+        """Check group-local rows ``[start, start + len(times))`` just decoded.
+
+        Raises:
+            TsFileFormatError: timestamps or values contradict the metadata statistics.
+        """
+        group = self.catalog.groups[group_index]
+        n = len(times)
+        if n == 0:
+            return
+        stop = start + n
+        shard0 = group.shards[0]
+        if n > 1 and not bool(np.all(times[1:] > times[:-1])):
+            bad = int(np.flatnonzero(times[1:] <= times[:-1])[0])
+            self._fail(group, None, start, stop, f"timestamps not increasing at row {start + bad}")
+        if times[0] < shard0.start_time or times[-1] > shard0.end_time:
+            self._fail(
+                group,
+                None,
+                start,
+                stop,
+                f"timestamps [{times[0]}, {times[-1]}] outside the file's time range "
+                f"[{shard0.start_time}, {shard0.end_time}]",
+            )
+        if start == 0 and times[0] != shard0.start_time:
+            self._fail(
+                group,
+                None,
+                start,
+                stop,
+                f"first timestamp {times[0]}, metadata says {shard0.start_time}",
+            )
+        if stop == group.num_rows and times[-1] != shard0.end_time:
+            self._fail(
+                group,
+                None,
+                start,
+                stop,
+                f"last timestamp {times[-1]}, metadata says {shard0.end_time}",
+            )
+        cast = self.dtype.type
+        with np.errstate(invalid="ignore"):
+            low = values.min(axis=1)
+            high = values.max(axis=1)
+        for k in np.flatnonzero(np.isnan(low) | np.isnan(high)):  # nulls: ignore NaN
+            row = values[k]
+            finite = row[~np.isnan(row)]
+            low[k], high[k] = (finite.min(), finite.max()) if finite.size else (np.nan, np.nan)
+        for k, shard in enumerate(group.shards):
+            if shard.min is not None and low[k] < cast(shard.min):
+                self._fail(
+                    group,
+                    k,
+                    start,
+                    stop,
+                    f"value {float(low[k])!r} below the series minimum {shard.min!r}",
+                )
+            if shard.max is not None and high[k] > cast(shard.max):
+                self._fail(
+                    group,
+                    k,
+                    start,
+                    stop,
+                    f"value {float(high[k])!r} above the series maximum {shard.max!r}",
+                )
+            if start == 0 and shard.first is not None and not np.isnan(values[k, 0]):
+                if values[k, 0] != cast(shard.first):
+                    self._fail(
+                        group,
+                        k,
+                        start,
+                        stop,
+                        f"first value {float(values[k, 0])!r}, metadata says {shard.first!r}",
+                    )
+            if stop == group.num_rows and shard.last is not None and not np.isnan(values[k, -1]):
+                if values[k, -1] != cast(shard.last):
+                    self._fail(
+                        group,
+                        k,
+                        start,
+                        stop,
+                        f"last value {float(values[k, -1])!r}, metadata says {shard.last!r}",
+                    )
+        if group_index not in self._summed and any(s.sum is not None for s in group.shards):
+            bound = np.fmax(np.abs(low), np.abs(high)).astype(np.float64) * n
+            self._add_sum(group_index, group, start, stop, values, bound)
+
+    def _add_sum(self, *args) -> None:
+        with self._lock:  # decode threads may finish blocks of one group at once
+            self._add_sum_locked(*args)
+
+    def _add_sum_locked(self, gi, group: ReadGroup, start: int, stop: int, values, bound) -> None:
+        sums = values.sum(axis=1, dtype=np.float64)
+        for k in np.flatnonzero(np.isnan(sums)):
+            sums[k] = np.nansum(values[k], dtype=np.float64)
+        abs_sums = np.nan_to_num(bound)  # an upper bound of the sum of |values|
+        pieces = self._sums.setdefault(gi, {})
+        pieces[start] = (stop, sums, abs_sums)
+        # follow the chain of pieces from row 0; complete when it reaches the last row
+        pos, total, total_abs, used = 0, 0.0, 0.0, []
+        while pos in pieces and pos < group.num_rows:
+            nxt, s, a = pieces[pos]
+            total, total_abs = total + s, total_abs + a
+            used.append(pos)
+            pos = nxt
+        if pos != group.num_rows:
+            return
+        del self._sums[gi]
+        self._summed.add(gi)
+        # tolerance: rounding to the output dtype, plus tsfile's and our float64 summation in
+        # different orders (~sqrt(n) roundings, 4x margin): damage smaller than this is missed
+        eps = float(np.finfo(self.dtype).eps) if self.dtype.kind == "f" else 0.0
+        for k, shard in enumerate(group.shards):
+            if shard.sum is None:
+                continue
+            tol = _sum_tolerance(total_abs[k], group.num_rows, eps)
+            if abs(total[k] - shard.sum) > tol:
+                self._fail(
+                    group,
+                    k,
+                    0,
+                    group.num_rows,
+                    f"sum of all values {float(total[k])!r}, metadata says {shard.sum!r}",
+                )
+        self.verified_sums.add(gi)
+
+
+def _sum_tolerance(total_abs: float, num_rows: int, eps: float) -> float:
+    """Rounding (machine epsilon ``eps``) plus two float64 summations in different orders."""
+    return total_abs * (eps + 4 * np.sqrt(num_rows) * 2.0**-52) + 1e-12
+
+
+class EpochSums:
+    """Column sums of the batches of one epoch, checked against the metadata at its end.
+
+    Args:
+        catalog: the dataset's catalog.
+        eps: machine epsilon of the values' dtype (their rounding is allowed for).
+    """
+
+    def __init__(self, catalog: Catalog, eps: float):
+        self.catalog = catalog
+        self.eps = eps
+        self.rows = 0
+        self.sums = np.zeros(len(catalog.columns), dtype=np.float64)
+
+    def add(self, values: np.ndarray) -> None:
+        """Add one ``(rows, columns)`` batch."""
+        self.rows += values.shape[0]
+        self.sums += np.nansum(values, axis=0, dtype=np.float64)
+
+    def check(self) -> bool:
+        """Raise TsFileFormatError if a column's sum disagrees; return False if not checkable.
+
+        Only an epoch that delivered exactly ``num_rows`` rows can be checked (the caller makes
+        sure they were every row once: a full pass, not random windows or a subset).
+        """
+        if self.rows != self.catalog.num_rows:
+            return False
+        for k, col in enumerate(self.catalog.columns):
+            if col.sum is None or col.min is None or col.max is None:
+                continue
+            bound = max(abs(col.min), abs(col.max)) * self.catalog.num_rows
+            if abs(self.sums[k] - col.sum) > _sum_tolerance(bound, self.catalog.num_rows, self.eps):
+                files = sorted({self.catalog.files[s.file_index].name for s in col.shards})
+                raise TsFileFormatError(
+                    f"{', '.join(files)}: series {col.name}, rows [0, {col.num_rows}): the "
+                    f"epoch's values sum to {float(self.sums[k])!r}, the metadata says "
+                    f"{col.sum!r}; some values handed out this epoch were wrong: the file is "
+                    f"damaged (TsFile pages carry no checksum); check it with "
+                    f"`tsfile-torch verify`"
+                )
+        return True

@@ -1,0 +1,293 @@
+"""Validate TsFiles in a short-lived child process, so a native crash or hang stays there.
+
+tsfile's C++ reader crashes (SIGSEGV) on some damaged metadata and chunk headers, and can decode
+forever on some damaged pages. We cannot fix tsfile, so the first contact with each file happens
+in a child process (Note: validation child):
+
+- ``headers`` (what a dataset does when it is built, ``validate=True``): open, read the metadata,
+  prepare every series and decode the first row of every device and series, which reads the
+  header of the first chunk of every series and its first page; the row must match the
+  metadata's first timestamp and first values. Costs about an open per file.
+- ``full`` (``tsfile-torch verify``): additionally decode every row of every series, with every
+  check of :mod:`tsfile_torch.integrity` (timestamps, min / max, first / last, sum).
+
+One child checks all files in turn, telling the parent which file it is on. If the child dies by
+a signal or stops making progress (``timeout`` seconds for one file), the parent names that file,
+starts a new child for the files after it, and goes on. The child is a fork of the caller where
+forked children can read TsFiles (:mod:`tsfile_torch.forkfix`), else a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from .backend import Source, source_name
+from .errors import TsFileFormatError
+from .forkfix import fork_safe
+
+__all__ = ["MODES", "FileProblem", "validate_sources", "check_sources"]
+
+MODES = ("headers", "full")
+#: seconds a ``headers`` check of one file may take before the file is reported as hanging
+HEADERS_TIMEOUT_S = 60.0
+#: rows decoded per native call by a ``full`` check
+FULL_BLOCK_ROWS = 1 << 20
+_DOING = {"headers": "reading its metadata and first chunks", "full": "decoding it"}
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """A file that failed validation and why."""
+
+    name: str
+    reason: str
+
+    def error(self) -> TsFileFormatError:
+        return TsFileFormatError(f"{self.name}: {self.reason}")
+
+
+def _file_timeout(source: Source, mode: str) -> float:
+    if mode == "headers":
+        return HEADERS_TIMEOUT_S
+    try:
+        size = os.path.getsize(source) if isinstance(source, (str, os.PathLike)) else 0
+    except OSError:
+        size = 0
+    return HEADERS_TIMEOUT_S + size / 2e6  # a generous 2 MB/s of decoding
+
+
+# -- in the child -------------------------------------------------------------------------
+def _check_headers(source: Source) -> None:
+    """Open, read metadata, decode the first row of every series (may crash: child only)."""
+    from .backend import open_reader
+    from .catalog import build_catalog
+    from .native import prepare_handles
+
+    catalog = build_catalog([source], shared_timeline=False)
+    info = catalog.files[0]
+    reader, _ = open_reader(source, "pread")
+    try:
+        for group in catalog.groups:
+            handles = prepare_handles(reader, 0, info.nbytes, info.name, group.shards)
+            t0 = group.shards[0].start_time
+            if group.aligned:
+                queries = [(reader.query_prepared_multi(handles, start_time=t0, end_time=t0), 0)]
+            else:
+                queries = [
+                    (reader.query_prepared(h, start_time=t0, end_time=t0), k)
+                    for k, h in enumerate(handles)
+                ]
+            for result, k0 in queries:
+                with result:
+                    batch = result.read_arrow_record_batch()
+                if batch is None or batch.num_rows != 1:
+                    got = 0 if batch is None else batch.num_rows
+                    raise TsFileFormatError(
+                        f"device {'.'.join(map(str, group.device))}: {got} rows at its first "
+                        f"timestamp {t0}, metadata says 1"
+                    )
+                for k in range(1, batch.num_columns):
+                    shard = group.shards[k0 + k - 1]
+                    value = batch.column(k)[0].as_py()
+                    if value is not None and shard.first is not None:
+                        if float(value) != shard.first:
+                            raise TsFileFormatError(
+                                f"series {'.'.join(map(str, shard.device))}."
+                                f"{shard.measurement}: first value {value!r}, metadata says "
+                                f"{shard.first!r}"
+                            )
+    finally:
+        reader.close()
+
+
+def _check_full(source: Source) -> None:
+    import numpy as np
+
+    from .catalog import build_catalog
+    from .reader import BatchReader
+
+    _check_headers(source)
+    catalog = build_catalog([source], shared_timeline=False)
+    reader = BatchReader(catalog, "pread", np.float64, cache_bytes=0, malloc_tuning=False)
+    try:
+        for gi, group in enumerate(catalog.groups):
+            for start in range(0, group.num_rows, FULL_BLOCK_ROWS):
+                reader.read_group(gi, start, min(start + FULL_BLOCK_ROWS, group.num_rows))
+    finally:
+        reader.close()
+
+
+def _child(sources: Sequence[Source], mode: str, fd: int) -> None:
+    """Check each source, writing ``{"i": n}`` before and ``{"i": n, "reason": ...}`` after."""
+    check = _check_full if mode == "full" else _check_headers
+    for i, source in enumerate(sources):
+        os.write(fd, (json.dumps({"i": i}) + "\n").encode())
+        reason = None
+        try:
+            check(source)
+        except Exception as err:  # noqa: BLE001 - every failure is reported by name
+            text = str(err)
+            prefix = f"{source_name(source)}: "
+            reason = text[len(prefix) :] if text.startswith(prefix) else text
+            if not isinstance(err, TsFileFormatError):
+                reason = f"{type(err).__name__}: {reason}"
+        os.write(fd, (json.dumps({"i": i, "reason": reason}) + "\n").encode())
+
+
+def _main() -> None:  # the fresh-interpreter child: python -c "...; _main()" MODE PATH...
+    _child(sys.argv[2:], sys.argv[1], sys.stdout.fileno())
+
+
+# -- in the parent ------------------------------------------------------------------------
+class _Child:
+    def __init__(self, sources: Sequence[Source], mode: str):
+        self.proc = None
+        self.pid = None
+        if fork_safe():
+            read_fd, write_fd = os.pipe()
+            pid = os.fork()
+            if pid == 0:  # child: never returns
+                code = 0
+                try:
+                    os.close(read_fd)
+                    signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    _child(sources, mode, write_fd)
+                except BaseException:  # noqa: BLE001
+                    code = 1
+                finally:
+                    os._exit(code)
+            os.close(write_fd)
+            self.pid, self.fd = pid, read_fd
+        else:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-c", "from tsfile_torch.validate import _main; _main()", mode]
+                + [os.fspath(s) for s in sources],
+                stdout=subprocess.PIPE,
+            )
+            self.fd = self.proc.stdout.fileno()
+        self.buffer = b""
+
+    def line(self, timeout: float) -> dict | None:
+        """Return the next message, None at end of output; raise TimeoutError if none came."""
+        deadline = time.monotonic() + timeout
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.fd], [], [], left)
+            if not ready:
+                continue
+            chunk = os.read(self.fd, 65536)
+            if not chunk:
+                return None
+            self.buffer += chunk
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line)
+
+    def kill(self) -> None:
+        try:
+            if self.proc is not None:
+                self.proc.kill()
+            else:
+                os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def end(self) -> str:
+        """Reap the child; return how it ended ("exit 0", "signal SIGSEGV", ...)."""
+        if self.proc is not None:
+            self.proc.stdout.close()
+            code = self.proc.wait()
+        else:
+            os.close(self.fd)
+            _, status = os.waitpid(self.pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            try:
+                return f"signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"signal {-code}"
+        return f"exit {code}"
+
+
+def validate_sources(
+    sources: Sequence[Source], mode: str = "headers", timeout: float | None = None
+) -> list[FileProblem]:
+    """Check ``sources`` in child processes; return one :class:`FileProblem` per bad file.
+
+    Args:
+        sources: file paths (file objects are skipped: a forked child would share their
+            position with this process).
+        mode: ``"headers"`` or ``"full"`` (see the module docstring).
+        timeout: seconds one file may take; ``None`` for a default by mode and file size.
+    """
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
+    todo = [s for s in sources if isinstance(s, (str, os.PathLike))]  # not file objects
+    problems: list[FileProblem] = []
+    while todo:
+        child = _Child(todo, mode)
+        current, done_upto = None, 0
+        try:
+            while True:
+                limit = timeout or _file_timeout(todo[current or 0], mode)
+                msg = child.line(limit)
+                if msg is None:
+                    break
+                if "reason" in msg:
+                    if msg["reason"] is not None:
+                        problems.append(FileProblem(source_name(todo[msg["i"]]), msg["reason"]))
+                    current, done_upto = None, msg["i"] + 1
+                else:
+                    current = msg["i"]
+        except TimeoutError:
+            child.kill()
+            child.end()
+            problems.append(
+                FileProblem(
+                    source_name(todo[current or 0]),
+                    f"tsfile's reader made no progress on this file for {limit:.0f} s (killed); "
+                    f"the file is damaged",
+                )
+            )
+            todo = todo[(current or 0) + 1 :]
+            continue
+        ended = child.end()
+        if current is not None:  # the child died while on this file
+            problems.append(
+                FileProblem(
+                    source_name(todo[current]),
+                    f"tsfile's native reader crashed on this file ({ended}) while "
+                    f"{_DOING[mode]}; the file is damaged or not a TsFile",
+                )
+            )
+            todo = todo[current + 1 :]
+        elif done_upto < len(todo):
+            raise RuntimeError(f"validation child ended early ({ended}) before any file")
+        else:
+            todo = []
+    return problems
+
+
+def check_sources(sources: Sequence[Source]) -> None:
+    """Raise TsFileFormatError for the first damaged source (``headers`` mode, in a child).
+
+    Raises:
+        TsFileFormatError: naming each damaged file and why.
+    """
+    problems = validate_sources(sources, "headers")
+    if problems:
+        if len(problems) == 1:
+            raise problems[0].error()
+        raise TsFileFormatError(
+            f"{len(problems)} damaged files: "
+            + "; ".join(f"{p.name}: {p.reason}" for p in problems)
+        )
