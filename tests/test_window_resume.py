@@ -144,10 +144,7 @@ def test_window_resume_in_epoch_0_and_1_gives_the_uninterrupted_batches(
         assert sorted(reads) == sorted(i for batch in orders[epoch][k:] for i in batch)
 
 
-@pytest.mark.parametrize(
-    "num_workers",
-    [0, pytest.param(2, marks=pytest.mark.slow)],  # 2: two loaders per position
-)
+@pytest.mark.parametrize("num_workers", [0, 2])
 def test_window_contract_save_at_every_position_of_an_epoch(panel, tmp_path, num_workers):
     """The torchdata contract: for every k, k batches + resumed rest == one whole epoch."""
     _, loader = _build(panel, str(tmp_path / "full.txt"), num_workers, stride=9)
