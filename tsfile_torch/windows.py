@@ -1096,8 +1096,9 @@ def make_window_loader(
     start method. ``stateful=True`` returns torchdata's ``StatefulDataLoader`` (install
     ``tsfile-torch[resume]``): its ``state_dict()`` holds the sampler's, and a loader rebuilt
     the same way and loaded delivers exactly the batches an uninterrupted run would have
-    (loading a state saved with another ``num_workers`` is a ``ValueError``). ``kwargs`` go to
-    the ``DataLoader`` (``pin_memory``...).
+    (loading a state saved with another ``num_workers`` is a ``ValueError``; keep torchdata's
+    ``snapshot_every_n_steps=1``: with more, it replays the batches since its last snapshot by
+    reading them). ``kwargs`` go to the ``DataLoader`` (``pin_memory``...).
 
     Raises:
         ImportError: ``stateful=True`` without torchdata installed.
