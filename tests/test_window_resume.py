@@ -16,7 +16,13 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tsfile_torch import TsFileWindowDataset, WindowBatchSampler, make_window_loader, synthetic
+from tsfile_torch import (
+    TsFileWindowDataset,
+    WindowBatchSampler,
+    collate_windows,
+    make_window_loader,
+    synthetic,
+)
 
 COUNTS = [300, 170, 121]  # rows per device
 
@@ -159,6 +165,38 @@ def test_window_contract_save_at_every_position_of_an_epoch(panel, tmp_path, num
         _check(ds, head + rest, orders[1])
         _check(ds, following, orders[2])
         assert sorted(reads) == sorted(i for batch in orders[1][k:] for i in batch), k
+
+
+@pytest.mark.slow  # starting forkserver / spawn workers takes seconds; the order is the main
+# process's either way
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_window_resume_with_workers_of_another_start_method(panel, method):
+    def build():
+        ds = TsFileWindowDataset(panel, context_length=8, horizon=2, stride=3, block_rows=32)
+        loader = make_window_loader(
+            ds,
+            10,
+            num_workers=2,
+            blocks_per_shuffle=2,
+            stateful=True,
+            multiprocessing_context=method,
+        )
+        return ds, loader
+
+    ds, loader = build()
+    list(loader)
+    it = iter(loader)
+    head = [next(it) for _ in range(4)]
+    state = _through_disk(loader.state_dict())
+    del it, loader
+    ds, loader = build()
+    loader.load_state_dict(state)
+    sampler = loader.batch_sampler
+    batches = [(x, y) for x, y in head + list(loader)]
+    assert [len(x) for x, _ in batches] == [len(b) for b in sampler.batches_for(1)]
+    for (x, y), indices in zip(batches, sampler.batches_for(1), strict=True):
+        expected = collate_windows(ds.__getitems__(indices))
+        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
