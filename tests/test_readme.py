@@ -29,6 +29,8 @@ def test_readme_window_alignment_and_normalization_code_runs(tmp_path, monkeypat
         assert blocks, heading
         for code in blocks:
             exec(compile(code, f"README.md {heading}", "exec"), namespace)
+    epochs, rest = namespace["epochs"], namespace["rest"]  # the window resume example
+    assert len(rest) == len(epochs[1]) - 3 and not torch.equal(epochs[0][0][0], epochs[1][0][0])
     assert namespace["x"].shape == (96, 3) and namespace["restored"].shape == (24, 3)
     raw = namespace["TsFileWindowDataset"]("panel/", 96, 24, stride=24, start_time=9001)[0][1]
     torch.testing.assert_close(namespace["restored"], raw)  # inverse undoes the normalization

@@ -36,10 +36,12 @@ from __future__ import annotations
 
 import fnmatch
 import os
+import warnings
+import zlib
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -48,9 +50,17 @@ import torch.utils.data as tud
 from . import align as _align
 from .backend import Source, check_backend, parse_backend
 from .catalog import Catalog, build_catalog, device_name, subset_catalog
+from .datasets import (
+    STATE_EPOCH,
+    STATE_NUM_WORKERS,
+    STATE_POSITION,
+    STATE_RANK,
+    STATE_SEED,
+    STATE_WORLD_SIZE,
+)
 from .errors import SchemaError
 from .normalize import Normalizer, make_normalizer, series_stats
-from .options import _bool, _dtype_name, _positive_int
+from .options import _bool, _dtype_name, _positive_int, _seed
 from .reader import BatchReader
 
 __all__ = [
@@ -744,14 +754,22 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
     each (wrapping around, or dropping the rest with ``drop_last``). With ``num_workers > 1``
     the rank's groups are dealt to ``num_workers`` streams and their batches interleaved in the
     order the DataLoader hands batches to workers (round-robin), so each worker decodes only its
-    own blocks. Use ``DataLoader(ds, batch_sampler=sampler, num_workers=...)`` and call
-    :meth:`set_epoch` before each epoch.
+    own blocks. Use ``DataLoader(ds, batch_sampler=sampler, num_workers=...)``.
+
+    Epochs and resume (Note: window sampler epochs): every pass over the sampler is the next
+    epoch (0, 1, 2, ...) unless :meth:`set_epoch` named the next pass's; a pass claims its
+    epoch at its first batch, in the process that iterates the sampler (the DataLoader's main
+    process), so persistent and non-persistent workers need nothing. :meth:`state_dict` says
+    where the latest pass stands (epoch, batches handed out) with what the order depends on;
+    :meth:`load_state_dict` makes the next pass continue there, slicing the epoch's batches
+    (nothing is decoded for the skipped ones). torchdata's ``StatefulDataLoader`` saves and
+    loads it with the loader (``make_window_loader(..., stateful=True)``).
 
     Args:
         dataset: the window dataset.
         batch_size: windows per batch.
         shuffle: ``False``: windows in dataset order.
-        seed: seed of the order.
+        seed: seed of the order (any integer, taken modulo 2**64).
         blocks_per_shuffle: blocks whose windows are mixed together; more mixes better and holds
             more decoded blocks per process.
         num_workers: the DataLoader's ``num_workers``.
@@ -777,9 +795,7 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
         self.blocks_per_shuffle = _positive_int("blocks_per_shuffle", blocks_per_shuffle)
         self.num_workers = _positive_int("num_workers", num_workers, allow_zero=True)
         self.drop_last = _bool("drop_last", drop_last)
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise TypeError(f"seed should be a non-negative integer, but got seed={seed!r}")
-        self.seed = seed
+        self.seed = _seed(seed)
         if num_replicas is None or rank is None:
             dist = torch.distributed
             live = dist.is_available() and dist.is_initialized()
@@ -790,7 +806,6 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
         if not 0 <= rank < num_replicas:
             raise ValueError(f"rank should be in [0, {num_replicas - 1}], but got rank={rank}")
         self.num_replicas, self.rank = num_replicas, rank
-        self.epoch = 0
         # block boundaries in window numbers: a block = windows whose first row is in one
         # block_rows run of one device
         bounds = []
@@ -804,19 +819,53 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
             bounds.extend((first + np.concatenate([[0], cut])).tolist())
         self._bounds = np.array(bounds + [len(dataset)], dtype=np.int64)
         self._num_windows = len(dataset)
+        # where the order stands (Note: window sampler epochs): (epoch, batches handed out) of
+        # the latest pass, or where the next pass starts when _pending (a new iterator,
+        # set_epoch, a loaded state); None before any pass
+        self._cursor: tuple[int, int] | None = None
+        self._pending = False
+        self._finished = False  # the latest pass ran out (its iterator raised StopIteration)
+        self._passes = 0  # passes claimed: only the latest pass moves the cursor
+        self._pass_len = 0  # batches of the latest pass
 
+    # -- epochs ---------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
-        """Set the epoch that seeds the order (call before each epoch, as DistributedSampler)."""
-        self.epoch = epoch
+        """Make the next pass epoch ``epoch`` (later passes count on from it).
 
-    def _rank_plan(self):
+        Without it every pass is the next epoch. A state loaded with :meth:`load_state_dict`
+        and not yet resumed is replaced.
+        """
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch should be a non-negative integer, but got epoch={epoch!r}")
+        self._cursor, self._pending = (epoch, 0), True
+
+    @property
+    def epoch(self) -> int | None:
+        """Epoch of the latest pass (or of the pass about to begin); ``None`` before any."""
+        return None if self._cursor is None else self._cursor[0]
+
+    def _next_pass(self) -> tuple[int, int]:
+        """Return (epoch, first batch) of the pass that would begin now."""
+        if self._pending:
+            return self._cursor
+        return (0 if self._cursor is None else self._cursor[0] + 1), 0
+
+    def _claim(self) -> tuple[int, int, int]:
+        """Begin a pass: return its epoch, first batch and pass number; move the cursor there."""
+        epoch, position = self._next_pass()
+        self._passes += 1
+        self._cursor, self._pending, self._finished = (epoch, position), False, False
+        return epoch, position, self._passes
+
+    # -- the order --------------------------------------------------------------------------
+    def _rank_plan(self, epoch: int):
         """Return this rank's groups as ``(blocks, windows kept)``, the padding, and the rng.
 
         Pure in (seed, epoch, rank, num_replicas); no window index is materialized here, so
         ``len()`` is cheap.
         """
         num_blocks = len(self._bounds) - 1
-        rng = np.random.default_rng([self.seed, self.epoch, 2])
+        rng = np.random.default_rng([self.seed, epoch, 2])
         order = rng.permutation(num_blocks) if self.shuffle else np.arange(num_blocks)
         groups = [
             order[i : i + self.blocks_per_shuffle]
@@ -843,8 +892,13 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
     def _num_batches(self, count: int) -> int:
         return count // self.batch_size if self.drop_last else -(-count // self.batch_size)
 
-    def __iter__(self) -> Iterator[list[int]]:
-        plan, pad, rng = self._rank_plan()
+    def batches_for(self, epoch: int) -> list[list[int]]:
+        """Return the batches (window indices) this rank visits in ``epoch``, in order.
+
+        A pure function of (seed, epoch, rank, num_replicas, num_workers) and the dataset's
+        layout.
+        """
+        plan, pad, rng = self._rank_plan(epoch)
         groups = []
         for blocks, n in plan:
             windows = np.concatenate(
@@ -854,10 +908,10 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
         if pad:  # wrap around this rank's own windows, as DistributedSampler pads
             flat = np.concatenate(groups) if groups else np.arange(self._num_windows)
             groups.append(np.resize(flat, pad))
-        batches: list[list[list[int]]] = []
+        streams: list[list[list[int]]] = []
         for run in self._streams([len(g) for g in groups]):
             flat = [w for i in run for w in groups[i].tolist()]
-            batches.append(
+            streams.append(
                 [
                     flat[i : i + self.batch_size]
                     for i in range(
@@ -865,15 +919,163 @@ class WindowBatchSampler(tud.Sampler[list[int]]):
                     )
                 ]
             )
-        for i in range(max((len(b) for b in batches), default=0)):
-            for run in batches:
-                if i < len(run):
-                    yield run[i]
+        return [
+            stream[i]
+            for i in range(max((len(s) for s in streams), default=0))
+            for stream in streams
+            if i < len(stream)
+        ]
 
-    def __len__(self) -> int:
-        plan, pad, _ = self._rank_plan()
+    def _len_of(self, epoch: int) -> int:
+        plan, pad, _ = self._rank_plan(epoch)
         sizes = [n for _, n in plan] + ([pad] if pad else [])
         return sum(self._num_batches(sum(sizes[i] for i in run)) for run in self._streams(sizes))
+
+    def __iter__(self) -> Iterator[list[int]]:
+        # a new iterator is a new pass: the state now says where it starts (a pass in
+        # progress is abandoned); it claims that epoch at its first batch
+        self._cursor, self._pending = self._next_pass(), True
+        return _WindowPass(self)
+
+    def __len__(self) -> int:
+        """Batches of the pass in progress, else of the next pass (what ``tqdm(loader)`` needs).
+
+        A pass is in progress from its first batch until the sampler has handed out its last
+        (with workers, a few batches before the loader delivers them).
+        """
+        if self._pending or self._cursor is None or self._cursor[1] >= self._pass_len:
+            return self._len_of(self._next_pass()[0])
+        return self._pass_len
+
+    # -- resume -----------------------------------------------------------------------------
+    def _identity(self) -> dict[str, Any]:
+        """What the order depends on besides the epoch (checked by :meth:`load_state_dict`)."""
+        return {
+            STATE_SEED: self.seed,
+            STATE_RANK: self.rank,
+            STATE_WORLD_SIZE: self.num_replicas,
+            STATE_NUM_WORKERS: self.num_workers,
+            "batch_size": self.batch_size,
+            "shuffle": self.shuffle,
+            "blocks_per_shuffle": self.blocks_per_shuffle,
+            "drop_last": self.drop_last,
+            # windows and blocks of the dataset (counts and a checksum of the block bounds)
+            "windows": [
+                self._num_windows,
+                len(self._bounds) - 1,
+                zlib.crc32(self._bounds.astype("<i8").tobytes()),
+            ],
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where the order stands: the latest pass's epoch and batches handed out.
+
+        ``epoch`` is ``None`` before any pass. After :meth:`set_epoch` (or a loaded state not
+        yet resumed) it is where the next pass starts. The other keys say what the order
+        depends on: seed, rank, world size (``num_replicas``), ``num_workers``, batching and
+        the dataset's windows.
+        """
+        if self._cursor is None:
+            epoch, position = None, 0
+        elif self._finished and not self._pending:
+            epoch, position = self._cursor[0] + 1, 0  # a pass that ran out: the next one
+        else:
+            epoch, position = self._cursor
+        return {STATE_EPOCH: epoch, STATE_POSITION: position, **self._identity()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next pass continue where ``state`` stood; later passes count on from it.
+
+        A state saved after a pass ran out starts the following epoch.
+
+        Raises:
+            ValueError: ``state`` comes from a sampler with another seed, rank, world size,
+                number of workers, batching or dataset layout (the order would differ), or
+                its position is past its epoch's end.
+        """
+        mine = self._identity()
+        keys = (STATE_EPOCH, STATE_POSITION, *mine)
+        if not isinstance(state, dict) or not set(keys) <= set(state):
+            raise ValueError(
+                f"state_dict of WindowBatchSampler needs the keys {sorted(keys)}; got "
+                f"{sorted(state) if isinstance(state, dict) else type(state).__name__}"
+            )
+        for key, value in mine.items():
+            got = list(state[key]) if isinstance(value, list) else state[key]
+            if got != value:
+                name = "num_replicas" if key == STATE_WORLD_SIZE else key
+                hint = (
+                    "resume with the same num_workers (the order deals batches to workers)"
+                    if key == STATE_NUM_WORKERS
+                    else "build the dataset and sampler (and the process group) as when the "
+                    "state was saved"
+                )
+                raise ValueError(
+                    f"cannot load this WindowBatchSampler state: it was saved with "
+                    f"{name}={state[key]!r}, this sampler has {name}={value!r}; {hint}"
+                )
+        epoch, position = state[STATE_EPOCH], state[STATE_POSITION]
+        if epoch is None:
+            self._cursor, self._pending = None, False
+            return
+        self._cursor, self._pending = self._checked_cursor(epoch, position), True
+
+    def _checked_cursor(self, epoch, position) -> tuple[int, int]:
+        epoch, position = int(epoch), int(position)
+        total = self._len_of(epoch)
+        if epoch < 0 or not 0 <= position <= total:
+            raise ValueError(
+                f"cannot load this WindowBatchSampler state: position {position} is outside "
+                f"epoch {epoch}'s {total} batches"
+            )
+        return epoch, position
+
+
+class _WindowPass(Iterator[list[int]]):
+    """One pass of a :class:`WindowBatchSampler`; claims its epoch at its first batch (lazily:
+    a DataLoader creates iterators it never uses). Its state is its pass's (epoch, position):
+    ``StatefulDataLoader`` loads it into the iterator that resumes, which claims it at once."""
+
+    def __init__(self, sampler: WindowBatchSampler):
+        self.sampler = sampler
+        self.epoch: int | None = None
+        self.position = 0
+        self._batches: list[list[int]] | None = None
+        self._pass = 0
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self
+
+    def _begin(self) -> None:
+        self.epoch, self.position, self._pass = self.sampler._claim()
+        self._batches = self.sampler.batches_for(self.epoch)
+        self.sampler._pass_len = len(self._batches)
+
+    def __next__(self) -> list[int]:
+        s = self.sampler
+        if self._batches is None:
+            self._begin()
+        latest = s._passes == self._pass  # an older pass iterated late moves nothing
+        if self.position >= len(self._batches):
+            if latest:
+                s._finished = True
+            raise StopIteration
+        batch = self._batches[self.position]
+        self.position += 1
+        if latest:
+            s._cursor = (self.epoch, self.position)
+        return batch
+
+    def state_dict(self) -> dict[str, Any]:
+        return {STATE_EPOCH: self.epoch, STATE_POSITION: self.position}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state[STATE_EPOCH] is None:  # saved before its first batch: begins as a new pass
+            return
+        s = self.sampler
+        s._cursor = s._checked_cursor(state[STATE_EPOCH], state[STATE_POSITION])
+        s._pending = True
+        self._begin()
 
 
 def make_window_loader(
@@ -884,16 +1086,27 @@ def make_window_loader(
     num_workers: int = 0,
     blocks_per_shuffle: int = 16,
     drop_last: bool = False,
+    stateful: bool = False,
     **kwargs,
 ) -> tud.DataLoader:
     """Return a DataLoader of window batches with the block-shuffling sampler, set up right.
 
-    Uses :class:`WindowBatchSampler` (set its epoch with ``loader.batch_sampler.set_epoch``),
-    :func:`collate_windows`, persistent workers and the project's worker start method.
-    ``kwargs`` go to the ``DataLoader`` (``pin_memory``...).
-    """
-    from .loader import worker_context
+    Uses :class:`WindowBatchSampler` (each pass is the next epoch; ``loader.batch_sampler``
+    takes ``set_epoch``), :func:`collate_windows`, persistent workers and the project's worker
+    start method. ``stateful=True`` returns torchdata's ``StatefulDataLoader`` (install
+    ``tsfile-torch[resume]``): its ``state_dict()`` holds the sampler's, and a loader rebuilt
+    the same way and loaded delivers exactly the batches an uninterrupted run would have
+    (loading a state saved with another ``num_workers`` is a ``ValueError``; keep torchdata's
+    ``snapshot_every_n_steps=1``: with more, it replays the batches since its last snapshot by
+    reading them). ``kwargs`` go to the ``DataLoader`` (``pin_memory``...).
 
+    Raises:
+        ImportError: ``stateful=True`` without torchdata installed.
+    """
+    from .loader import _stateful_loader_class, worker_context
+
+    if not isinstance(stateful, bool):
+        raise TypeError(f"stateful should be True or False, but got stateful={stateful!r}")
     sampler = WindowBatchSampler(
         dataset,
         batch_size,
@@ -906,10 +1119,13 @@ def make_window_loader(
     if num_workers:
         kwargs.setdefault("persistent_workers", True)
         kwargs.setdefault("multiprocessing_context", worker_context())
-    return tud.DataLoader(
-        dataset,
-        batch_sampler=sampler,
-        num_workers=num_workers,
-        collate_fn=collate_windows,
-        **kwargs,
-    )
+    loader_class = _stateful_loader_class() if stateful else tud.DataLoader
+    with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return loader_class(
+            dataset,
+            batch_sampler=sampler,
+            num_workers=num_workers,
+            collate_fn=collate_windows,
+            **kwargs,
+        )

@@ -1,0 +1,302 @@
+"""Window batches: a new epoch every pass, and resume mid-epoch with torchdata's StatefulDataLoader.
+
+Each resume rebuilds the dataset and loader from scratch (as a restarted job would), loads the
+state after a trip through ``torch.save`` / ``torch.load``, and must deliver the rest of the
+epoch and the next epoch exactly as an uninterrupted run does (values checked against the
+panel's known values), without reading the windows of the batches it skips.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+from tsfile_torch import (
+    TsFileWindowDataset,
+    WindowBatchSampler,
+    collate_windows,
+    make_window_loader,
+    synthetic,
+)
+
+COUNTS = [300, 170, 121]  # rows per device
+
+
+@pytest.fixture(scope="module")
+def panel(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("panel")
+    synthetic.write_panel(directory, num_devices=3, num_fields=2, num_rows=COUNTS, num_files=2)
+    return directory
+
+
+class _LoggedWindows(TsFileWindowDataset):
+    """Appends every window index it reads to ``log`` (any process)."""
+
+    log = ""
+
+    def __getitems__(self, indices):
+        with open(self.log, "a") as fh:
+            fh.writelines(f"{int(i)}\n" for i in indices)
+        return super().__getitems__(indices)
+
+
+def _build(data, log: str, num_workers: int, stride: int = 3, **loader_kwargs):
+    ds = _LoggedWindows(
+        data, context_length=8, horizon=2, stride=stride, block_rows=32, return_timestamps=True
+    )
+    ds.log = log
+    loader = make_window_loader(
+        ds,
+        batch_size=10,
+        num_workers=num_workers,
+        blocks_per_shuffle=2,
+        seed=-4,
+        stateful=True,
+        **loader_kwargs,
+    )
+    return ds, loader
+
+
+def _expected(ds, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Return the values (x and y rows, both fields) and timestamps of these windows."""
+    values, times = [], []
+    for i in indices:
+        info = ds.window_info(i)
+        d = int(info.device.rsplit(".s", 1)[1])
+        rows = np.arange(info.start_row, info.start_row + 10)
+        values.append(np.stack([synthetic.value_of(d, j, rows) for j in range(2)], axis=1))
+        times.append(synthetic.panel_device_times(d, rows))
+    return np.stack(values).astype(np.float32), np.stack(times)
+
+
+def _check(ds, batches, expected_batches: list[list[int]]) -> None:
+    """Each delivered batch holds exactly the expected windows, values and timestamps."""
+    assert len(batches) == len(expected_batches)
+    for (x, y, tx, ty), indices in zip(batches, expected_batches, strict=True):
+        values, times = _expected(ds, indices)
+        np.testing.assert_array_equal(torch.cat([x, y], dim=1).numpy(), values)
+        np.testing.assert_array_equal(torch.cat([tx, ty], dim=1).numpy(), times)
+
+
+def _reads(log: str) -> list[int]:
+    if not os.path.exists(log):
+        return []
+    with open(log) as fh:
+        return [int(line) for line in fh]
+
+
+def _through_disk(state: dict) -> dict:
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    buffer.seek(0)
+    return torch.load(buffer, weights_only=True)  # plain data only
+
+
+def _resume_run(data, tmp_path, num_workers, epoch, k, stride=3, finish=False):
+    """Run ``epoch`` passes, ``k`` batches more (or the whole pass), save; rebuild, load, run on.
+
+    Returns the batches before the save, the rest of the pass after loading, the pass after
+    that, and the windows the resumed pass read.
+    """
+    log = str(tmp_path / f"reads-{num_workers}-{epoch}-{k}.txt")
+    ds, loader = _build(data, log, num_workers, stride)
+    for _ in range(epoch):
+        list(loader)
+    if finish:
+        head = list(loader)
+    else:
+        it = iter(loader)
+        head = [next(it) for _ in range(k)]
+    state = _through_disk(loader.state_dict())
+    del loader, ds
+    if not finish:
+        del it
+    if os.path.exists(log):
+        os.remove(log)
+    ds, loader = _build(data, log, num_workers, stride)
+    loader.load_state_dict(state)
+    rest = list(loader)
+    resumed_reads = _reads(log)
+    following = list(loader)
+    return ds, loader.batch_sampler, head, rest, following, resumed_reads
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_window_resume_in_epoch_0_and_1_gives_the_uninterrupted_batches(
+    panel, tmp_path, num_workers
+):
+    _, loader = _build(panel, str(tmp_path / "full.txt"), num_workers)
+    full = [list(loader) for _ in range(3)]
+    sampler = loader.batch_sampler
+    orders = [sampler.batches_for(e) for e in range(3)]
+    assert orders[0] != orders[1] != orders[2]  # no set_epoch: every pass is the next epoch
+    for epoch in (0, 1):
+        k = 7
+        ds, resumed, head, rest, following, reads = _resume_run(
+            panel, tmp_path, num_workers, epoch, k
+        )
+        assert resumed.batches_for(epoch) == orders[epoch]
+        _check(ds, head + rest, orders[epoch])  # exact values, in the uninterrupted order
+        _check(ds, following, orders[epoch + 1])
+        for a, b in zip(head + rest, full[epoch], strict=True):
+            assert all(torch.equal(u, v) for u, v in zip(a, b, strict=True))
+        # the resumed pass read the windows it delivered, each once, and nothing else: the
+        # skipped batches were sliced off the order, never read
+        assert sorted(reads) == sorted(i for batch in orders[epoch][k:] for i in batch)
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_window_contract_save_at_every_position_of_an_epoch(panel, tmp_path, num_workers):
+    """The torchdata contract: for every k, k batches + resumed rest == one whole epoch."""
+    _, loader = _build(panel, str(tmp_path / "full.txt"), num_workers, stride=9)
+    sampler = loader.batch_sampler
+    orders = [sampler.batches_for(e) for e in range(3)]
+    assert 5 <= len(orders[1]) <= 10  # a small epoch
+    for k in range(len(orders[1]) + 1):
+        ds, _, head, rest, following, reads = _resume_run(
+            panel, tmp_path, num_workers, 1, k, stride=9
+        )
+        assert len(head) == k and len(rest) == len(orders[1]) - k, k
+        _check(ds, head + rest, orders[1])
+        _check(ds, following, orders[2])
+        assert sorted(reads) == sorted(i for batch in orders[1][k:] for i in batch), k
+
+
+@pytest.mark.slow  # starting forkserver / spawn workers takes seconds; the order is the main
+# process's either way
+@pytest.mark.parametrize("method", ["forkserver", "spawn"])
+def test_window_resume_with_workers_of_another_start_method(panel, method):
+    def build():
+        ds = TsFileWindowDataset(panel, context_length=8, horizon=2, stride=3, block_rows=32)
+        loader = make_window_loader(
+            ds,
+            10,
+            num_workers=2,
+            blocks_per_shuffle=2,
+            stateful=True,
+            multiprocessing_context=method,
+        )
+        return ds, loader
+
+    ds, loader = build()
+    list(loader)
+    it = iter(loader)
+    head = [next(it) for _ in range(4)]
+    state = _through_disk(loader.state_dict())
+    del it, loader
+    ds, loader = build()
+    loader.load_state_dict(state)
+    sampler = loader.batch_sampler
+    batches = [(x, y) for x, y in head + list(loader)]
+    assert [len(x) for x, _ in batches] == [len(b) for b in sampler.batches_for(1)]
+    for (x, y), indices in zip(batches, sampler.batches_for(1), strict=True):
+        expected = collate_windows(ds.__getitems__(indices))
+        assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
+    panel, tmp_path, num_workers
+):
+    ds, sampler, head, rest, following, reads = _resume_run(
+        panel, tmp_path, num_workers, 1, 0, finish=True
+    )
+    _check(ds, head, sampler.batches_for(1))
+    _check(ds, rest, sampler.batches_for(2))
+    _check(ds, following, sampler.batches_for(3))
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_pass_begun_after_one_broken_off_resumes_as_the_next_epoch(panel, tmp_path, num_workers):
+    log = str(tmp_path / "log")
+    _, loader = _build(panel, log, num_workers)
+    it = iter(loader)
+    [next(it) for _ in range(3)]  # epoch 0, broken off
+    it = iter(loader)  # epoch 1 begins; saved before its first batch
+    state = _through_disk(loader.state_dict())
+    del it, loader
+    ds, loader = _build(panel, log, num_workers)
+    loader.load_state_dict(state)
+    sampler = loader.batch_sampler
+    _check(ds, list(loader), sampler.batches_for(1))
+    _check(ds, list(loader), sampler.batches_for(2))
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_a_plain_loader_gives_a_new_order_every_pass_without_set_epoch(panel, persistent):
+    ds = TsFileWindowDataset(panel, context_length=8, horizon=2, stride=3, block_rows=32)
+    sampler = WindowBatchSampler(ds, batch_size=10, blocks_per_shuffle=2, num_workers=2, seed=1)
+    loader = DataLoader(ds, batch_sampler=sampler, num_workers=2, persistent_workers=persistent)
+    lookup = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
+    passes = [[[lookup[x.numpy().tobytes()] for x in xs] for xs, _ in loader] for _ in range(3)]
+    assert passes == [sampler.batches_for(e) for e in range(3)]
+    assert passes[0] != passes[1] != passes[2] != passes[0]
+    assert sampler.epoch == 2
+    sampler.set_epoch(0)  # set_epoch still names the next pass; later passes count on
+    assert [list(b) for b in sampler] == passes[0]
+    assert [list(b) for b in sampler] == passes[1]
+
+
+def test_sampler_state_names_epoch_position_and_what_the_order_depends_on(panel):
+    ds = TsFileWindowDataset(panel, context_length=8, horizon=2, stride=3, block_rows=32)
+    sampler = WindowBatchSampler(ds, batch_size=10, seed=-1, num_replicas=2, rank=1)
+    assert sampler.state_dict()["epoch"] is None and sampler.epoch is None
+    list(sampler)
+    # a pass that ran out: the state points at the next epoch's start
+    assert (sampler.state_dict()["epoch"], sampler.state_dict()["position"]) == (1, 0)
+    assert sampler.epoch == 0
+    it = iter(sampler)
+    first = [next(it), next(it), next(it)]
+    state = sampler.state_dict()
+    assert {k: state[k] for k in ("epoch", "position", "seed", "rank", "world_size")} == {
+        "epoch": 1,
+        "position": 3,
+        "seed": 2**64 - 1,
+        "rank": 1,
+        "world_size": 2,
+    }
+    assert state["num_workers"] == 0 and state["windows"][0] == len(ds)
+    again = WindowBatchSampler(ds, batch_size=10, seed=-1, num_replicas=2, rank=1)
+    again.load_state_dict(state)
+    assert first + list(again) == sampler.batches_for(1)  # rank 1's epoch 1, resumed
+    assert list(again) == sampler.batches_for(2)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"seed": 1}, "saved with seed=2, this sampler has seed=1"),
+        ({"batch_size": 8}, "saved with batch_size=10, this sampler has batch_size=8"),
+        ({"num_replicas": 2, "rank": 0}, "num_replicas=1, this sampler has num_replicas=2"),
+        ({"num_workers": 2}, "num_workers=0, .* resume with the same num_workers"),
+        ({"blocks_per_shuffle": 3}, "blocks_per_shuffle=2"),
+        ({"stride": 4}, "saved with windows="),
+    ],
+)
+def test_a_state_of_another_order_is_a_clear_error(panel, change, match):
+    def sampler(stride=3, **kwargs):
+        ds = TsFileWindowDataset(panel, context_length=8, stride=stride, block_rows=32)
+        args = {"batch_size": 10, "seed": 2, "blocks_per_shuffle": 2, **kwargs}
+        return WindowBatchSampler(ds, **args)
+
+    saved = sampler()
+    next(iter(saved))
+    with pytest.raises(ValueError, match=match):
+        sampler(**change).load_state_dict(saved.state_dict())
+
+
+def test_resuming_a_window_loader_with_another_number_of_workers_is_a_clear_error(panel, tmp_path):
+    _, loader = _build(panel, str(tmp_path / "log"), 2)
+    it = iter(loader)
+    next(it)
+    state = loader.state_dict()
+    del it, loader
+    for workers in (0, 1):
+        _, other = _build(panel, str(tmp_path / "log"), workers)
+        with pytest.raises(ValueError, match="saved with num_workers=2"):
+            other.load_state_dict(state)
