@@ -212,7 +212,9 @@ def test_datasets_created_and_dropped_leak_no_fds_threads_or_children(small_dir)
     for _ in range(30):
         build_and_read()
     after = _process_figures()
-    assert after["fds"] <= before["fds"] and after["threads"] <= before["threads"]
+    # a leak grows with the 30 datasets; +2 leaves room for threads / fds of earlier tests in
+    # this process (a server or pin-memory thread) that end while this test runs
+    assert after["fds"] <= before["fds"] + 2 and after["threads"] <= before["threads"] + 2
     assert _children() <= children_before  # every validation child was reaped
 
 
