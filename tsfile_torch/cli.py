@@ -42,6 +42,9 @@ def _scale(args: argparse.Namespace) -> int:
     )
     records = scale.run_scale(data_dir, quick=args.quick)
     print(scale.format_scale(records))
+    if args.plot:
+        scale.plot_scale(records, args.plot)
+        print(f"wrote {args.plot}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as fh:
             for rec in records:

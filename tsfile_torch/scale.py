@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from . import synthetic
 
-__all__ = ["run_scale", "format_scale"]
+__all__ = ["run_scale", "format_scale", "plot_scale"]
 
 ROWS_AXIS = (131072, 2_000_000, 10_000_000)
 FILES_AXIS = (10, 1000, 10000)
@@ -435,3 +435,32 @@ def format_scale(records: list[dict]) -> str:
         elif "error" in df:
             lines.append(f"- {r['name']}: TsFileDataFrame: {df['error']}")
     return "\n".join(lines)
+
+
+def plot_scale(records: list[dict], path: str) -> None:
+    """Write a PNG: nanoseconds per value of each set, ours beside tsfile's decode floor."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in records if "error" not in r["ours"]]
+    names = [r["name"] for r in rows]
+    ours = [1e9 * _per(r, "num_values") for r in rows]
+    floor = [
+        1e9 * min(r["floor"]["floor_s"]) / r["ours"]["num_values"]
+        if "floor_s" in r.get("floor", {})
+        else 0.0
+        for r in rows
+    ]
+    x = range(len(rows))
+    fig, ax = plt.subplots(figsize=(10, 4.5))
+    ax.bar([i - 0.2 for i in x], ours, width=0.4, label="tsfile-torch streaming epoch")
+    ax.bar([i + 0.2 for i in x], floor, width=0.4, label="tsfile decode floor (2 threads)")
+    ax.set_xticks(list(x), names, rotation=30, ha="right")
+    ax.set_ylabel("ns per value (lower is better)")
+    ax.set_title("Scale benchmark: cost per value by file length, file count and columns")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
