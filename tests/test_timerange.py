@@ -18,6 +18,7 @@ from tsfile_torch import (
     TsFileDataset,
     TsFileIterableDataset,
     make_loader,
+    sampling,
     synthetic,
 )
 
@@ -320,3 +321,26 @@ def test_readers_closed_by_the_lru_unmap_their_files(tmp_path):
         assert len(mapped) <= 2 and ds.reader.num_open <= 2
     assert ds.reader.open_count == 6
     assert set(ds.backends.values()) == {"mmap"}
+
+
+def test_random_windows_crossing_a_workers_range_after_sequential_epochs_are_exact(
+    small_dir, small_expected, rows_of
+):
+    """A window that starts in a worker's rows and ends past them, its block already cached."""
+    ds = TsFileIterableDataset(small_dir, batch_size=1000, dtype=torch.float64)
+    loader = make_loader(ds, num_workers=2)
+    assert (
+        sum(len(b) for b in loader) == 5000
+    )  # sequential: workers own rows [0, 3000), [3000, 5000)
+    ds.set_random_batches(40)
+    for _ in range(2):
+        batches = list(loader)
+        assert len(batches) == 40
+        for batch in batches:
+            rows = rows_of(batch)
+            np.testing.assert_array_equal(batch.numpy(), small_expected[rows])
+    _, edge = sampling.worker_row_range(5000, 1000, 0, 2)  # worker 0 owns rows [0, edge)
+    crossing = [  # worker 0's windows of epochs 1 and 2 that end in worker 1's rows
+        s for e in (1, 2) for s in ds.items_for(e, worker=0, num_workers=2) if s < edge < s + 1000
+    ]
+    assert crossing, "no window crossed the workers' boundary: pick another seed"

@@ -443,14 +443,14 @@ class BatchReader:
             need_lo = max(local_lo, b * self.block_rows)
             need_hi = min(local_hi, (b + 1) * self.block_rows)
             lo, hi = self._block_rows_of(group, b)
+            if need_lo < lo or need_hi > hi:  # rows outside set_range: read exactly, keep none
+                data = self._decode(self._plan(group_index, need_lo, need_hi))
+                yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data, None
+                self.cache.recycle(data)
+                continue
             key = (group_index, b)
             data = self.cache.get(key)
             if data is None:
-                if need_lo < lo or need_hi > hi:  # rows outside set_range: read exactly, keep none
-                    data = self._decode(self._plan(group_index, need_lo, need_hi))
-                    yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data, None
-                    self.cache.recycle(data)
-                    continue
                 data = self._decode(self._plan(group_index, lo, hi))
                 self.cache.put(key, data)
             yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
