@@ -72,10 +72,11 @@ _EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16
 class _GuardedIterator:
     """Wraps a DataLoader iterator: a dead or stalled worker becomes a WorkerError."""
 
-    def __init__(self, inner, dataset, sums: EpochSums | None = None):
+    def __init__(self, inner, dataset, sums: EpochSums | None = None, on_checked=None):
         self._inner = inner
         self._dataset = dataset
         self._sums = sums
+        self._on_checked = on_checked
         if getattr(inner, "_workers", None):  # torch has set its SIGCHLD handler by now
             watch_worker_deaths(getattr(dataset, "_slots", None))
 
@@ -91,7 +92,8 @@ class _GuardedIterator:
         except StopIteration:
             if self._sums is not None:
                 sums, self._sums = self._sums, None
-                sums.check()
+                if sums.check() and self._on_checked is not None:
+                    self._on_checked()
             raise
         except (RuntimeError, ConnectionError, EOFError) as err:
             better = explain_worker_failure(
@@ -124,12 +126,20 @@ class _Guarded:
     """
 
     def __iter__(self):
-        return _GuardedIterator(super().__iter__(), self.dataset, self._epoch_sums())
+        return _GuardedIterator(
+            super().__iter__(), self.dataset, self._epoch_sums(), self._sums_checked
+        )
+
+    def _sums_checked(self) -> None:
+        # cache="memory": later passes hand out the very values this pass checked
+        self._memory_sums_checked = getattr(self.dataset.options, "cache", "none") == "memory"
 
     def _epoch_sums(self) -> EpochSums | None:
         ds = self.dataset
         options = getattr(ds, "options", None)
         if options is None or not options.check_statistics or ds.random_batches is not None:
+            return None
+        if getattr(self, "_memory_sums_checked", False):
             return None
         if (
             getattr(ds, "world_size", 1) > 1
