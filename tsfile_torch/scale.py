@@ -280,7 +280,11 @@ def run_scale(
     sets = _generate(data_dir, quick)
     records = []
     for name, s in tqdm(sets.items(), desc="measuring", unit="set"):
-        batch = 8192 if s["axis"] in ("rows", "seed", "files") else max(64, s["rows"] // 16)
+        batch = (
+            8192
+            if s["axis"] in ("rows", "rows-chunked", "seed", "files")
+            else max(64, s["rows"] // 16)
+        )
         random = 64 if s["axis"].startswith("rows") else 0
         rec = {"name": name, "axis": s["axis"], "size": s["size"], "batch_size": batch}
         rec["ours"] = _best_of(
