@@ -7,11 +7,10 @@ epoch and the next epoch as an uninterrupted run does, without reading the batch
 
 from __future__ import annotations
 
-import io
 import os
 
 import pytest
-import torch
+from resume_support import read_log, through_disk
 
 from tsfile_torch import TsFileDataset, TsFileIterableDataset, make_loader
 
@@ -56,20 +55,6 @@ def _firsts(batches) -> list[int]:
     return [int(times[0]) for _, times in batches]
 
 
-def _reads(log: str) -> list[int]:
-    if not os.path.exists(log):
-        return []
-    with open(log) as fh:
-        return [int(line) for line in fh]
-
-
-def _through_disk(state: dict) -> dict:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)  # plain data only
-
-
 def _resume_run(kind, data, tmp_path, num_workers, epoch, k, **loader_kwargs):
     """Run ``epoch`` passes, ``k`` batches more, save; rebuild, load, finish + one more pass."""
     log = str(tmp_path / f"reads-{kind}-{num_workers}-{epoch}-{k}.txt")
@@ -78,14 +63,14 @@ def _resume_run(kind, data, tmp_path, num_workers, epoch, k, **loader_kwargs):
         _firsts(loader)
     it = iter(loader)
     head = _firsts(next(it) for _ in range(k))
-    state = _through_disk(loader.state_dict())
+    state = through_disk(loader.state_dict())
     del it, loader, ds
     if os.path.exists(log):
         os.remove(log)
     ds, loader = _build(kind, data, log, num_workers, **loader_kwargs)
     loader.load_state_dict(state)
     rest = _firsts(loader)
-    resumed_reads = _reads(log)
+    resumed_reads = read_log(log)
     following = _firsts(loader)
     return head, rest, following, resumed_reads
 

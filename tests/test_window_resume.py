@@ -8,12 +8,12 @@ panel's known values), without reading the windows of the batches it skips.
 
 from __future__ import annotations
 
-import io
 import os
 
 import numpy as np
 import pytest
 import torch
+from resume_support import read_log, through_disk
 from torch.utils.data import DataLoader
 
 from tsfile_torch import (
@@ -83,20 +83,6 @@ def _check(ds, batches, expected_batches: list[list[int]]) -> None:
         np.testing.assert_array_equal(torch.cat([tx, ty], dim=1).numpy(), times)
 
 
-def _reads(log: str) -> list[int]:
-    if not os.path.exists(log):
-        return []
-    with open(log) as fh:
-        return [int(line) for line in fh]
-
-
-def _through_disk(state: dict) -> dict:
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    buffer.seek(0)
-    return torch.load(buffer, weights_only=True)  # plain data only
-
-
 def _resume_run(data, tmp_path, num_workers, epoch, k, stride=3, finish=False):
     """Run ``epoch`` passes, ``k`` batches more (or the whole pass), save; rebuild, load, run on.
 
@@ -112,7 +98,7 @@ def _resume_run(data, tmp_path, num_workers, epoch, k, stride=3, finish=False):
     else:
         it = iter(loader)
         head = [next(it) for _ in range(k)]
-    state = _through_disk(loader.state_dict())
+    state = through_disk(loader.state_dict())
     del loader, ds
     if not finish:
         del it
@@ -121,7 +107,7 @@ def _resume_run(data, tmp_path, num_workers, epoch, k, stride=3, finish=False):
     ds, loader = _build(data, log, num_workers, stride)
     loader.load_state_dict(state)
     rest = list(loader)
-    resumed_reads = _reads(log)
+    resumed_reads = read_log(log)
     following = list(loader)
     return ds, loader.batch_sampler, head, rest, following, resumed_reads
 
@@ -187,7 +173,7 @@ def test_window_resume_with_workers_of_another_start_method(panel, method):
     list(loader)
     it = iter(loader)
     head = [next(it) for _ in range(4)]
-    state = _through_disk(loader.state_dict())
+    state = through_disk(loader.state_dict())
     del it, loader
     ds, loader = build()
     loader.load_state_dict(state)
@@ -218,7 +204,7 @@ def test_a_pass_begun_after_one_broken_off_resumes_as_the_next_epoch(panel, tmp_
     it = iter(loader)
     [next(it) for _ in range(3)]  # epoch 0, broken off
     it = iter(loader)  # epoch 1 begins; saved before its first batch
-    state = _through_disk(loader.state_dict())
+    state = through_disk(loader.state_dict())
     del it, loader
     ds, loader = _build(panel, log, num_workers)
     loader.load_state_dict(state)
