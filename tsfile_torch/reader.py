@@ -426,11 +426,22 @@ class BatchReader:
         hi = min((block + 1) * self.block_rows, self._clip[1] - group.start_row, group.num_rows)
         return lo, hi
 
+    def _block_needs(self, group: ReadGroup, local_lo: int, local_hi: int):
+        """Yield (block, need_lo, need_hi, lo, hi) for group-local rows ``[local_lo, local_hi)``.
+
+        ``[need_lo, need_hi)`` are the rows wanted from block ``block``, ``[lo, hi)`` the rows
+        the block holds (clipped to :meth:`set_range`).
+        """
+        for b in range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1):
+            lo, hi = self._block_rows_of(group, b)
+            need_lo = max(local_lo, b * self.block_rows)
+            need_hi = min(local_hi, (b + 1) * self.block_rows)
+            yield b, need_lo, need_hi, lo, hi
+
     def _pieces(self, group_index: int, start_row: int, stop_row: int, random_access: bool):
         """Yield (out_start, block_start, block_stop, block, block_number or None)."""
         group = self.catalog.groups[group_index]
-        local_lo = max(start_row, group.start_row) - group.start_row
-        local_hi = min(stop_row, group.stop_row) - group.start_row
+        local_lo, local_hi = _local_rows(group, start_row, stop_row)
         if local_lo >= local_hi:
             return
         exact = not self.cache.capacity or (random_access and group.num_rows > self.block_rows)
@@ -439,10 +450,7 @@ class BatchReader:
             yield group.start_row + local_lo - start_row, 0, local_hi - local_lo, block, None
             self.cache.recycle(block)
             return
-        for b in range(local_lo // self.block_rows, (local_hi - 1) // self.block_rows + 1):
-            need_lo = max(local_lo, b * self.block_rows)
-            need_hi = min(local_hi, (b + 1) * self.block_rows)
-            lo, hi = self._block_rows_of(group, b)
+        for b, need_lo, need_hi, lo, hi in self._block_needs(group, local_lo, local_hi):
             if need_lo < lo or need_hi > hi:  # rows outside set_range: read exactly, keep none
                 data = self._decode(self._plan(group_index, need_lo, need_hi))
                 yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data, None
@@ -465,15 +473,13 @@ class BatchReader:
         missing, nbytes, files = [], 0, set()
         for gi in groups:
             group = self.catalog.groups[gi]
-            lo = max(start_row, group.start_row) - group.start_row
-            hi = min(stop_row, group.stop_row) - group.start_row
-            for b in range(lo // self.block_rows, (hi - 1) // self.block_rows + 1):
+            local_lo, local_hi = _local_rows(group, start_row, stop_row)
+            for b, need_lo, need_hi, lo, hi in self._block_needs(group, local_lo, local_hi):
                 if (gi, b) not in self.cache:
-                    blo, bhi = self._block_rows_of(group, b)
-                    if blo > lo or bhi < min(hi, (b + 1) * self.block_rows):
-                        return  # rows outside the clip: let the serial path handle them
-                    missing.append(((gi, b), gi, blo, bhi))
-                    nbytes += (bhi - blo) * (len(group.columns) * self.dtype.itemsize + 8)
+                    if need_lo < lo or need_hi > hi:
+                        return  # rows outside set_range: let the serial path handle them
+                    missing.append(((gi, b), gi, lo, hi))
+                    nbytes += (hi - lo) * (len(group.columns) * self.dtype.itemsize + 8)
                     files.add(group.file_index)
         too_many_files = len(files) > self.files.max_open_files
         if len(missing) < 2 or nbytes > self.cache.capacity or too_many_files:
@@ -583,6 +589,14 @@ class BatchReader:
         if self._matrix is None:
             return 0
         return self._matrix.nbytes + self._matrix_times.nbytes + self._filled.nbytes
+
+
+def _local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:
+    """Return the group-local rows of ``[start_row, stop_row)`` (empty when lo >= hi)."""
+    return (
+        max(start_row, group.start_row) - group.start_row,
+        min(stop_row, group.stop_row) - group.start_row,
+    )
 
 
 def _target(columns: tuple[int, ...]) -> slice | list[int]:
