@@ -332,6 +332,16 @@ def _per(rec: dict, key: str = "num_rows") -> float:
     return _steady(rec) / ours[key]
 
 
+def _floor_per_value(rec: dict) -> float:
+    """Seconds per value of tsfile's decode floor (fastest run) for this set."""
+    return min(rec["floor"]["floor_s"]) / rec["ours"]["num_values"]
+
+
+def _axis(records: list[dict], axis: str) -> list[dict]:
+    """Return the records of one axis, smallest size first."""
+    return sorted((r for r in records if r["axis"] == axis), key=lambda r: r["size"])
+
+
 def _steady(rec: dict) -> float:
     """Fastest epoch after the first (which learns timeline indexes and opens files)."""
     return float(min(rec["ours"]["epoch_s"][1:]))
@@ -354,8 +364,7 @@ def format_scale(records: list[dict]) -> str:
         df = r.get("dataframe", {})
         df_build = f"{df['build_s']:.2f}" if "build_s" in df else "-"
         rnd = f"{1000 * min(o['random_s']) / o['random_windows']:.2f}" if "random_s" in o else "-"
-        fl = r.get("floor", {})
-        floor = f"{1e9 * min(fl['floor_s']) / o['num_values']:.2f}" if "floor_s" in fl else "-"
+        floor = f"{1e9 * _floor_per_value(r):.2f}" if "floor_s" in r.get("floor", {}) else "-"
         pread_fds = r.get("ours_pread", {}).get("peak_fds", "-")
         lines.append(
             f"| {r['name']} | {o['build_s']:.3f} / {df_build} | {o['first_batch_s']:.4f} | "
@@ -365,7 +374,7 @@ def format_scale(records: list[dict]) -> str:
         )
     lines.append("")
     lines.append("Targets (ratios from this run):")
-    rows = sorted((r for r in records if r["axis"] == "rows"), key=lambda r: r["size"])
+    rows = _axis(records, "rows")
     if len(rows) >= 2 and all("error" not in r["ours"] for r in rows):
         lo, hi = rows[0], rows[-1]
         lines.append(
@@ -396,7 +405,7 @@ def format_scale(records: list[dict]) -> str:
             f"(mapped file pages count in RSS under mmap); anonymous memory "
             f"{lo['ours']['peak_anon_mib']:.0f} -> {hi['ours']['peak_anon_mib']:.0f} MiB"
         )
-    files = sorted((r for r in records if r["axis"] == "files"), key=lambda r: r["size"])
+    files = _axis(records, "files")
     if len(files) >= 2 and all("error" not in r["ours"] for r in files):
         lo, hi = files[0], files[-1]
         lines.append(
@@ -412,7 +421,7 @@ def format_scale(records: list[dict]) -> str:
                 f"- build at {hi['size']:,} files: {hi['ours']['build_s']:.2f} s vs "
                 f"TsFileDataFrame {df['build_s']:.2f} s (target: not slower)"
             )
-    cols = sorted((r for r in records if r["axis"] == "columns"), key=lambda r: r["size"])
+    cols = _axis(records, "columns")
     if cols and all("error" not in r["ours"] for r in cols):
         per_value = ", ".join(f"{r['size']}: {1e9 * _per(r, 'num_values'):.2f} ns" for r in cols)
         lines.append(f"- cost per value by columns: {per_value} (target: flat or falling)")
@@ -451,12 +460,7 @@ def plot_scale(records: list[dict], path: str) -> None:
     rows = [r for r in records if "error" not in r["ours"]]
     names = [r["name"] for r in rows]
     ours = [1e9 * _per(r, "num_values") for r in rows]
-    floor = [
-        1e9 * min(r["floor"]["floor_s"]) / r["ours"]["num_values"]
-        if "floor_s" in r.get("floor", {})
-        else 0.0
-        for r in rows
-    ]
+    floor = [1e9 * _floor_per_value(r) if "floor_s" in r.get("floor", {}) else 0.0 for r in rows]
     x = range(len(rows))
     fig, ax = plt.subplots(figsize=(10, 4.5))
     ax.bar([i - 0.2 for i in x], ours, width=0.4, label="tsfile-torch streaming epoch")
