@@ -24,6 +24,7 @@ from tsfile import TSDataType
 from . import remote
 from .backend import Source, open_reader, source_name
 from .errors import SchemaError, TsFileFormatError
+from .native import prepare_handles, query_times
 
 __all__ = [
     "NUMERIC_TYPES",
@@ -703,8 +704,6 @@ def _restrict(
 
 def _cut(shard: Shard, info: FileInfo, lo: int, hi: int) -> Shard | None:
     """Return ``shard`` cut to ``[lo, hi]`` by reading its timestamps there; None if empty."""
-    from .native import prepare_handles, query_times
-
     source = remote.local_source(info.source)  # a URL: fetched now (Note: remote sources)
     if not isinstance(source, str):
         source.seek(0)
