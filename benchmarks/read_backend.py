@@ -26,7 +26,7 @@ import time
 
 from tqdm import tqdm
 
-from tsfile_torch.bench import evict_from_page_cache as evict
+from tsfile_torch.bench.reference import evict_from_page_cache as evict
 
 CHUNK = 64 * 1024
 
@@ -220,8 +220,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from tsfile_torch.bench import environment, reference_data
-    from tsfile_torch.catalog import expand_sources
+    from tsfile_torch.bench.reference import environment, reference_data
+    from tsfile_torch.catalog.build import expand_sources
 
     paths = [str(p) for p in expand_sources(args.data or reference_data())]
     if not hasattr(os, "posix_fadvise"):

@@ -12,7 +12,7 @@ import tsfile
 from tsfile import FileReadBackend
 
 from tsfile_torch import MappingError, TsFileIterableDataset, open_reader, parse_backend
-from tsfile_torch.backend import is_mapped
+from tsfile_torch.native.backend import is_mapped
 
 
 @pytest.mark.parametrize(

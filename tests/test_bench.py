@@ -108,7 +108,7 @@ def test_read_backend_benchmark_quick_reports_every_state(tiny_dir, tmp_path):
 
 @pytest.mark.slow
 def test_scale_benchmark_quick_run_reports_every_target(tmp_path):
-    from tsfile_torch import scale
+    from tsfile_torch.bench import scale as scale
 
     records = scale.run_scale(str(tmp_path / "scale"), quick=True, dataframe_budget_s=10)
     assert all("error" not in r["ours"] for r in records), records
@@ -125,7 +125,7 @@ def test_scale_benchmark_quick_run_reports_every_target(tmp_path):
 
 
 def test_checksum_sees_rows_and_columns_moved(tiny_dir):
-    from tsfile_torch.bench import checksum
+    from tsfile_torch.bench.reference import checksum
 
     batch = torch.cat(list(TsFileIterableDataset(tiny_dir, batch_size=3000))).numpy()[:500]
     base = checksum(batch)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from tsfile_torch import bench_windows
+from tsfile_torch.bench import windows as bench_windows
 from tsfile_torch.cli import main
 
 

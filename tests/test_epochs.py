@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 from torch.utils.data import DataLoader
 
-from tsfile_torch import EpochSampler, TsFileDataset, TsFileIterableDataset, make_loader, sampling
+from tsfile_torch import EpochSampler, TsFileDataset, TsFileIterableDataset, make_loader
+from tsfile_torch.sampling import orders as sampling
 
 
 def _expected_pass(ds: TsFileIterableDataset, epoch: int, num_workers: int) -> list[int]:

@@ -12,8 +12,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from tsfile_torch import TsFileIterableDataset, TsFileTorchError, forkfix
+from tsfile_torch import TsFileIterableDataset, TsFileTorchError
 from tsfile_torch.loader import worker_context
+from tsfile_torch.native import forkfix
 
 needs_fix = pytest.mark.skipif(
     not forkfix.fork_safe(), reason="fork fix inactive: tsfile version or symbols differ"

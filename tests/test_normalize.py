@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tsfile_torch import Normalizer, TsFileDataset, TsFileIterableDataset
-from tsfile_torch.normalize import RunningMoments
+from tsfile_torch.data.normalize import RunningMoments
 
 
 def test_row_dataset_stats_from_metadata_then_exact(small_dir, small_expected):

@@ -21,9 +21,9 @@ from tsfile_torch import (
     TsFileIterableDataset,
     TsFileTorchError,
     make_loader,
-    remote,
     synthetic,
 )
+from tsfile_torch.sources import remote
 
 _BUCKETS = iter(range(10_000))
 

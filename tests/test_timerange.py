@@ -18,9 +18,9 @@ from tsfile_torch import (
     TsFileDataset,
     TsFileIterableDataset,
     make_loader,
-    sampling,
     synthetic,
 )
+from tsfile_torch.sampling import orders as sampling
 
 LONG = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=3, num_rows=60000)
 START, STEP = 5, 10  # timestamps 5, 15, 25, ...: time ranges can begin and end between samples
@@ -204,7 +204,7 @@ def test_a_batch_larger_than_the_cache_cap_warns_with_what_to_do(long_dir):
 
 
 def test_default_cache_is_capped_whatever_the_number_of_columns(small_dir):
-    from tsfile_torch.reader import cache_cap, default_cache_bytes
+    from tsfile_torch.read.reader import cache_cap, default_cache_bytes
 
     ds = TsFileDataset(small_dir)
     assert default_cache_bytes(ds.catalog, 4, 10**9) == cache_cap() <= 1 << 30
@@ -308,7 +308,7 @@ def test_irregular_sampling_widens_index_reads_until_rows_are_found(tmp_path, re
 
 
 def test_readers_closed_by_the_lru_unmap_their_files(tmp_path):
-    from tsfile_torch.backend import mapped_paths
+    from tsfile_torch.native.backend import mapped_paths
 
     spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2, num_rows=500)
     paths = []

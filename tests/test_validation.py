@@ -20,8 +20,8 @@ from tsfile_torch import (
     synthetic,
 )
 from tsfile_torch.cli import main
+from tsfile_torch.integrity.validate import validate_sources
 from tsfile_torch.loader import default_timeout
-from tsfile_torch.validate import validate_sources
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_the_statistics_check_names_file_series_and_rows_when_reading(corpus):
 
 
 def test_validate_false_skips_the_child(corpus, monkeypatch):
-    from tsfile_torch import datasets
+    from tsfile_torch.data import rows as datasets
 
     monkeypatch.setattr(datasets, "check_sources", lambda sources: pytest.fail("validated"))
     TsFileIterableDataset(corpus / "good.tsfile", validate=False)

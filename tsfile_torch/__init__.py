@@ -2,23 +2,10 @@
 
 from __future__ import annotations
 
-from . import forkfix  # noqa: F401 - the fork fix must be installed at import
-from .backend import BACKENDS, open_reader, parse_backend
-from .catalog import Catalog, build_catalog
-from .datasets import EpochSampler, TsFileDataset, TsFileIterableDataset
-from .errors import (
-    MappingError,
-    RemoteError,
-    SchemaError,
-    TsFileFormatError,
-    TsFileTorchError,
-    WorkerError,
-)
-from .loader import make_loader
-from .normalize import Normalizer
-from .options import CACHE_MODES, DatasetOptions
-from .reader import BatchReader
-from .windows import (
+from tsfile_torch.catalog.build import Catalog, build_catalog
+from tsfile_torch.data.normalize import Normalizer
+from tsfile_torch.data.rows import EpochSampler, TsFileDataset, TsFileIterableDataset
+from tsfile_torch.data.windows import (
     TsFileWindowDataset,
     WindowBatch,
     WindowBatchSampler,
@@ -26,6 +13,19 @@ from .windows import (
     collate_windows,
     make_window_loader,
 )
+from tsfile_torch.errors import (
+    MappingError,
+    RemoteError,
+    SchemaError,
+    TsFileFormatError,
+    TsFileTorchError,
+    WorkerError,
+)
+from tsfile_torch.loader import make_loader
+from tsfile_torch.native import forkfix  # noqa: F401 - the fork fix must be installed at import
+from tsfile_torch.native.backend import BACKENDS, open_reader, parse_backend
+from tsfile_torch.options import CACHE_MODES, DatasetOptions
+from tsfile_torch.read.reader import BatchReader
 
 __version__ = "0.1.0"
 

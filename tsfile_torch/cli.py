@@ -7,13 +7,14 @@ import json
 import os
 import sys
 
-from .errors import TsFileTorchError
+from tsfile_torch.errors import TsFileTorchError
 
 __all__ = ["main"]
 
 
 def _bench_remote(args: argparse.Namespace) -> int:
-    from . import bench, bench_remote
+    from tsfile_torch.bench import reference as bench
+    from tsfile_torch.bench import remote as bench_remote
 
     records = bench_remote.run_remote_benchmark(
         args.data,
@@ -35,7 +36,7 @@ def _bench_remote(args: argparse.Namespace) -> int:
 def _scale(args: argparse.Namespace) -> int:
     import os
 
-    from . import scale
+    from tsfile_torch.bench import scale
 
     data_dir = args.cache_dir or os.path.join(
         os.path.expanduser("~"), ".cache", "tsfile-torch", "scale"
@@ -56,7 +57,7 @@ def _scale(args: argparse.Namespace) -> int:
 def _bench_windows(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from . import bench_windows as bw
+    from tsfile_torch.bench import windows as bw
 
     plan = bw.QUICK_WINDOWS if args.quick else bw.WindowBenchPlan()
     plan = replace(plan, data=args.data, cache_dir=args.cache_dir)
@@ -73,8 +74,8 @@ def _bench_windows(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from . import bench
-    from .remote import is_url
+    from tsfile_torch.bench import reference as bench
+    from tsfile_torch.sources.remote import is_url
 
     if args.data and is_url(args.data) and not args.data.startswith("file://"):
         return _bench_remote(args)
@@ -127,7 +128,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _remote_options(args: argparse.Namespace):
-    from .remote import RemoteOptions
+    from tsfile_torch.sources.remote import RemoteOptions
 
     try:
         storage = json.loads(args.storage_options) if args.storage_options else None
@@ -139,8 +140,8 @@ def _remote_options(args: argparse.Namespace):
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from .catalog import expand_sources, survey
-    from .validate import check_sources
+    from tsfile_torch.catalog.build import expand_sources, survey
+    from tsfile_torch.integrity.validate import check_sources
 
     options = _remote_options(args)
     # a damaged file is an error, not a crash of this command (remote files are not checked)
@@ -189,7 +190,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from . import synthetic
+    from tsfile_torch import synthetic
 
     spec = synthetic.DatasetSpec(args.files, args.devices, args.fields, args.rows)
     paths = synthetic.write_table_files(args.directory, spec)
@@ -198,8 +199,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from .catalog import expand_sources
-    from .validate import validate_sources
+    from tsfile_torch.catalog.build import expand_sources
+    from tsfile_torch.integrity.validate import validate_sources
 
     sources = expand_sources(args.sources)
     mode = "headers" if args.headers_only else "full"

@@ -1,11 +1,11 @@
 """make_loader: a DataLoader set up right for tsfile-torch datasets.
 
 Epochs need nothing from the loader: each pass claims the next epoch through the dataset's shared
-epoch word (iterable dataset) or :class:`~tsfile_torch.datasets.EpochSampler` (map-style), so a
+epoch word (iterable dataset) or :class:`~tsfile_torch.data.rows.EpochSampler` (map-style), so a
 plain ``DataLoader`` behaves the same. ``stateful=True`` returns torchdata's
 ``StatefulDataLoader`` (the optional ``resume`` extra) whose ``state_dict()`` collects every
 worker's dataset state: rebuilt and loaded, it delivers exactly the batches an uninterrupted run
-would have (see the note "resume" in :mod:`tsfile_torch.datasets`).
+would have (see the note "resume" in :mod:`tsfile_torch.data.rows`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import warnings
 import torch
 import torch.utils.data as tud
 
-from .datasets import EpochSampler, TsFileDataset, TsFileIterableDataset
-from .forkfix import fork_safe
-from .integrity import EpochSums
-from .workers import explain_worker_failure, watch_worker_deaths
+from tsfile_torch.data.rows import EpochSampler, TsFileDataset, TsFileIterableDataset
+from tsfile_torch.integrity.checks import EpochSums
+from tsfile_torch.integrity.reports import explain_worker_failure, watch_worker_deaths
+from tsfile_torch.native.forkfix import fork_safe
 
 __all__ = [
     "TsFileDataLoader",
@@ -42,7 +42,7 @@ def worker_context() -> multiprocessing.context.BaseContext:
     """Return the start method for DataLoader workers.
 
     ``fork`` where tsfile-torch can make forked children safe for tsfile (Linux with tsfile
-    2.5's library; see :mod:`tsfile_torch.forkfix`): workers start
+    2.5's library; see :mod:`tsfile_torch.native.forkfix`): workers start
     fast and scripts need no ``__main__`` guard. Otherwise ``forkserver`` (preloading torch and
     tsfile_torch, no tsfile threads in the server), else ``spawn``.
     """
@@ -121,8 +121,8 @@ class _Guarded:
 
     With ``check_statistics`` on, an epoch that hands out every row once (a full pass in row or
     shuffled order, one process group rank, no random windows) is also checked at its end: each
-    column's sum against the metadata (:class:`~tsfile_torch.integrity.EpochSums`), which covers
-    what workers decoded.
+    column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`),
+    which covers what workers decoded.
     """
 
     def __iter__(self):
@@ -164,7 +164,7 @@ class TsFileDataLoader(_Guarded, tud.DataLoader):
 
     With ``check_statistics`` on, an epoch that hands out every row once (a full pass in row or
     shuffled order, one rank, no random windows) is also checked at its end: each column's sum
-    against the metadata (:class:`~tsfile_torch.integrity.EpochSums`), which covers what
+    against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`), which covers what
     workers decoded.
     """
 
@@ -183,7 +183,7 @@ def make_loader(
     The dataset already batches, so ``batch_size=None``; workers are persistent so each keeps its
     readers and memory maps across epochs; workers start through :func:`worker_context` (fork
     made safe for tsfile, or forkserver); memory is pinned when CUDA is available. A map-style
-    dataset is visited through an :class:`~tsfile_torch.datasets.EpochSampler` (this rank's
+    dataset is visited through an :class:`~tsfile_torch.data.rows.EpochSampler` (this rank's
     batches, a new epoch per pass) unless ``sampler`` is given. With workers, ``timeout``
     defaults to :func:`default_timeout`, and a worker that dies or stalls is a
     :class:`~tsfile_torch.WorkerError` naming the file and rows it was reading.

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .align import check_align
-from .backend import parse_backend
-from .normalize import NORMALIZE_METHODS, Normalizer
-from .openfiles import DEFAULT_MAX_OPEN_FILES
-from .reader import DEFAULT_BLOCK_ROWS
-from .remote import DEFAULT_CACHE_LIMIT, RemoteOptions
-from .timeline import default_index_dir
+from tsfile_torch.data.normalize import NORMALIZE_METHODS, Normalizer
+from tsfile_torch.native.backend import parse_backend
+from tsfile_torch.read.align import check_align
+from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES
+from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS
+from tsfile_torch.read.timeline import default_index_dir
+from tsfile_torch.sources.remote import DEFAULT_CACHE_LIMIT, RemoteOptions
 
 __all__ = ["CACHE_MODES", "MAX_RANDOM_BATCHES", "DatasetOptions", "check_random_batches"]
 
@@ -98,7 +98,7 @@ class DatasetOptions:
         cache_bytes: block-cache budget per process for ``cache="none"`` (``None``: default).
         block_rows: rows decoded per native call.
         return_timestamps: yield ``(values, timestamps)`` instead of ``values``.
-        malloc_tuning: apply :func:`tsfile_torch.reader.tune_malloc` in each reading process
+        malloc_tuning: apply :func:`tsfile_torch.read.reader.tune_malloc` in each reading process
             (glibc only; keeps decode buffers mapped between queries: faster, may hold up to
             1 GiB of freed heap).
         decode_threads: threads decoding different files / devices at once in a reading
@@ -106,7 +106,7 @@ class DatasetOptions:
             DataLoader workers (the workers already use the cores).
         storage_options: fsspec filesystem arguments for URL sources (credentials, endpoint).
         cache_dir: where URL sources are copied before reading (``None``:
-            ``~/.cache/tsfile-torch/remote``); see :mod:`tsfile_torch.remote`.
+            ``~/.cache/tsfile-torch/remote``); see :mod:`tsfile_torch.sources.remote`.
         cache_limit: bytes of copies kept in ``cache_dir`` (least recently used deleted first).
         start_time: first timestamp to read (inclusive, tsfile's convention); ``None``: from
             the start. Pushed down to the reader: only rows in range are read.
@@ -117,18 +117,18 @@ class DatasetOptions:
             ``~/.cache/tsfile-torch/index``, a directory path, or ``False`` for memory only.
         align: ``None``: every column must share one timeline; ``"union"`` / ``"intersect"``:
             rows are the union / intersection of the columns' timestamps (see
-            :mod:`tsfile_torch.aligned`).
+            :mod:`tsfile_torch.read.aligned`).
         fill: with ``align``, what a column holds at a row where it has no sample: ``"nan"``,
             ``"ffill"`` (last earlier sample, NaN before the first) or ``"zero"``.
         normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std:
             one pass over the data when the dataset is built) or a
-            :class:`~tsfile_torch.normalize.Normalizer` naming every column.
+            :class:`~tsfile_torch.data.normalize.Normalizer` naming every column.
         validate: check every file's metadata and first chunks in a child process when the
             dataset is built, so a file that crashes tsfile's native reader is a
-            ``TsFileFormatError`` instead (see :mod:`tsfile_torch.validate`); ``False`` skips it
-            for trusted data.
+            ``TsFileFormatError`` instead (see :mod:`tsfile_torch.integrity.validate`);
+            ``False`` skips it for trusted data.
         check_statistics: cross-check every decoded block against the file's metadata
-            statistics (see :mod:`tsfile_torch.integrity`).
+            statistics (see :mod:`tsfile_torch.integrity.checks`).
     """
 
     columns: tuple[str, ...] | None = None

@@ -1,10 +1,10 @@
 """OpenFiles: the TsFile readers one process has open, at most ``max_open_files`` of them.
 
 Readers open on first use with the dataset's backend captured (Note: backend capture in
-:mod:`tsfile_torch.backend`) and stay open across epochs (Note: readers live in the process that
-uses them). Past ``max_open_files`` the least recently used reader is closed (an mmap reader
-unmaps its file then), together with the series handles prepared on it; it reopens when needed
-again. 10,000 files thus work under ``ulimit -n 1024``.
+:mod:`tsfile_torch.native.backend`) and stay open across epochs (Note: readers live in the
+process that uses them). Past ``max_open_files`` the least recently used reader is closed (an mmap
+reader unmaps its file then), together with the series handles prepared on it; it reopens when
+needed again. 10,000 files thus work under ``ulimit -n 1024``.
 
 Which backend a reader really got is looked up only when :meth:`OpenFiles.backends` is asked,
 with one scan of ``/proc/self/maps`` for all open files, except that the first ``mmap`` open of
@@ -19,10 +19,10 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from .backend import mapped_paths, open_reader
-from .catalog import FileInfo, ReadGroup
-from .native import prepare_handles
-from .remote import local_path, local_source
+from tsfile_torch.catalog.build import FileInfo, ReadGroup
+from tsfile_torch.native.backend import mapped_paths, open_reader
+from tsfile_torch.native.queries import prepare_handles
+from tsfile_torch.sources.remote import local_path, local_source
 
 __all__ = ["DEFAULT_MAX_OPEN_FILES", "OpenFiles", "tune_malloc"]
 

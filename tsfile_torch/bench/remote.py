@@ -9,7 +9,8 @@ Per round and worker count, three configurations read the same bytes, one after 
   fetch (build lists the objects; metadata is read from the copies);
 - ``local copies``: a dataset on the paths of those local copies, no URL involved.
 
-Every epoch's checksum (as :func:`tsfile_torch.bench.checksum`) must be equal across all three.
+Every epoch's checksum (as :func:`tsfile_torch.bench.reference.checksum`) must be equal
+across all three.
 """
 
 from __future__ import annotations
@@ -19,10 +20,10 @@ import statistics
 import tempfile
 import time
 
-from .bench import _consume, environment
-from .datasets import TsFileIterableDataset
-from .loader import make_loader
-from .remote import RemoteFile
+from tsfile_torch.bench.reference import _consume, environment
+from tsfile_torch.data.rows import TsFileIterableDataset
+from tsfile_torch.loader import make_loader
+from tsfile_torch.sources.remote import RemoteFile
 
 __all__ = ["run_remote_benchmark", "format_remote_table"]
 

@@ -8,7 +8,7 @@ positional rows (the fast path); otherwise it keeps them with the aligned rows `
 or intersection): ``8 * rows`` bytes per timeline, pickled into workers with the dataset.
 Reading aligned rows ``[a, b)`` then reads, per timeline, only its samples with timestamps in
 ``[times[a], times[b - 1]]`` (one earlier sample for ``fill="ffill"``) through
-:meth:`BatchReader.read_group`, and places them with :func:`tsfile_torch.align.align_to`.
+:meth:`BatchReader.read_group`, and places them with :func:`tsfile_torch.read.align.align_to`.
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .align import align_to, aligned_times
-from .catalog import Catalog, subset_catalog
-from .errors import SchemaError
-from .reader import BatchReader
+from tsfile_torch.catalog.build import Catalog, subset_catalog
+from tsfile_torch.errors import SchemaError
+from tsfile_torch.read.align import align_to, aligned_times
+from tsfile_torch.read.reader import BatchReader
 
 __all__ = ["Alignment", "several_timelines"]
 

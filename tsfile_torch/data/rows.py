@@ -1,8 +1,8 @@
 """PyTorch datasets over TsFiles: the only module that builds tensors.
 
-Both datasets build their :class:`~tsfile_torch.catalog.Catalog` from metadata when constructed
+Both datasets build their :class:`~tsfile_torch.catalog.build.Catalog` from metadata when constructed
 (every error about paths, files, columns and arguments is raised there), then read through a
-:class:`~tsfile_torch.reader.BatchReader` created lazily in the process that reads: the main
+:class:`~tsfile_torch.read.reader.BatchReader` created lazily in the process that reads: the main
 process with ``num_workers=0``, each DataLoader worker otherwise. With persistent workers the
 reader, its open files and memory maps survive from epoch to epoch.
 
@@ -15,7 +15,7 @@ worker has no process group to ask).
 Epochs: every new pass of a loader over a dataset is the next epoch, unless :meth:`set_epoch`
 named the epoch of the next pass. The epoch lives in shared memory created with the dataset, so
 the main process and workers (persistent or not, any start method) agree; see the note "epoch
-word" in :mod:`tsfile_torch.sampling` for how a pass of several workers claims one epoch.
+word" in :mod:`tsfile_torch.sampling.orders` for how a pass of several workers claims one epoch.
 :class:`EpochSampler` does the same for :class:`TsFileDataset` in the main process.
 
 Note: resume. ``state_dict()`` holds the epoch and position (batches delivered) of the pass in
@@ -40,15 +40,15 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import sampling
-from .aligned import Alignment, several_timelines
-from .backend import Source, check_backend
-from .catalog import Catalog, build_catalog, expand_sources
-from .normalize import Normalizer, make_normalizer, series_stats
-from .options import DatasetOptions, check_random_batches
-from .reader import BatchReader, cache_cap
-from .validate import check_sources
-from .workers import ReadSlots, die_with_parent, enable_crash_report
+from tsfile_torch.sampling import orders as sampling
+from tsfile_torch.read.aligned import Alignment, several_timelines
+from tsfile_torch.native.backend import Source, check_backend
+from tsfile_torch.catalog.build import Catalog, build_catalog, expand_sources
+from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
+from tsfile_torch.options import DatasetOptions, check_random_batches
+from tsfile_torch.read.reader import BatchReader, cache_cap
+from tsfile_torch.integrity.validate import check_sources
+from tsfile_torch.integrity.reports import ReadSlots, die_with_parent, enable_crash_report
 
 __all__ = ["EpochSampler", "TsFileDataset", "TsFileIterableDataset", "resolve_rank"]
 
@@ -170,7 +170,7 @@ class _TsFileBase:
     def stats(self, exact: bool = False) -> dict[str, dict]:
         """Return per-column statistics: metadata only, or with ``exact`` one pass adding std.
 
-        See :func:`tsfile_torch.normalize.series_stats`; they cover each column's whole series.
+        See :func:`tsfile_torch.data.normalize.series_stats`; they cover each column's whole series.
         """
         names = {name: [i] for i, name in enumerate(self.columns)}
         return series_stats(
@@ -467,7 +467,7 @@ class TsFileIterableDataset(_TsFileBase, tud.IterableDataset):
 
     Use with ``DataLoader(ds, batch_size=None)`` or :func:`tsfile_torch.make_loader`. Each epoch
     yields every batch exactly once across DataLoader workers (and DDP ranks, which all get the
-    same number of batches); see :mod:`tsfile_torch.sampling` for the order. Every pass is the
+    same number of batches); see :mod:`tsfile_torch.sampling.orders` for the order. Every pass is the
     next epoch unless :meth:`set_epoch` says otherwise; :meth:`state_dict` /
     :meth:`load_state_dict` resume a pass where it stopped (see Note: resume).
 

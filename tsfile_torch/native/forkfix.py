@@ -130,7 +130,7 @@ def check_fork_safety(name: str) -> None:
         ensure_pool()
         return
     if _USER_PID is not None and _USER_PID != os.getpid():
-        from .errors import TsFileTorchError
+        from tsfile_torch.errors import TsFileTorchError
 
         raise TsFileTorchError(
             f"{name}: this process was forked from process {_USER_PID} after that process had "

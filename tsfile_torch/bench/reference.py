@@ -30,11 +30,12 @@ import torch
 import torch.utils.data as tud
 from tqdm import tqdm
 
-from . import sampling, synthetic
-from .catalog import expand_sources
-from .datasets import TsFileIterableDataset
-from .loader import make_loader, worker_context
-from .reader import BatchReader
+from tsfile_torch import synthetic
+from tsfile_torch.catalog.build import expand_sources
+from tsfile_torch.data.rows import TsFileIterableDataset
+from tsfile_torch.loader import make_loader, worker_context
+from tsfile_torch.read.reader import BatchReader
+from tsfile_torch.sampling import orders as sampling
 
 __all__ = [
     "BenchConfig",

@@ -9,8 +9,9 @@ and the few rows before ``a`` dropped. Reads that start at a group's first row o
 row need no index entry (the group's time range comes from metadata).
 
 Building an index reads the time column of the group once, through its first series queried as
-two columns (see :func:`tsfile_torch.native.query_times`; measured on a 2M-row, 8-DOUBLE file:
-69 ms, against 211 ms to read all 8 series). It is learned lazily, in the process that reads, as
+two columns (see :func:`tsfile_torch.native.queries.query_times`; measured on a 2M-row,
+8-DOUBLE file: 69 ms, against 211 ms to read all 8 series). It is learned lazily, in the
+process that reads, as
 far as reads need it, and kept for the life of that process; once complete and with an index
 cache directory it is also saved there (keyed by the file's path, size, mtime, ctime and
 inode, the series and the time range), so later builds of the same dataset, other DataLoader
@@ -26,8 +27,8 @@ import tempfile
 
 import numpy as np
 
-from .catalog import FileInfo, ReadGroup
-from .errors import TsFileFormatError
+from tsfile_torch.catalog.build import FileInfo, ReadGroup
+from tsfile_torch.errors import TsFileFormatError
 
 __all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "default_index_dir", "open_index", "save_index"]
 

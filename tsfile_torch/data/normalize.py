@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .catalog import Catalog
+from tsfile_torch.catalog.build import Catalog
 
 __all__ = [
     "NORMALIZE_METHODS",
@@ -177,7 +177,7 @@ def series_stats(
         }
     if not exact:
         return out
-    from .reader import BatchReader
+    from tsfile_torch.read.reader import BatchReader
 
     slot = {c: j for j, cols in enumerate(names.values()) for c in cols}
     moments = RunningMoments(len(names))

@@ -18,9 +18,9 @@ from typing import IO
 import tsfile
 from tsfile import FileReadBackend, TsFileReader
 
-from .errors import MappingError, TsFileFormatError
-from .forkfix import check_fork_safety, fork_safe  # noqa: F401 - fork_safe re-exported
-from .remote import RemoteFile
+from tsfile_torch.errors import MappingError, TsFileFormatError
+from tsfile_torch.native.forkfix import check_fork_safety, fork_safe  # noqa: F401 - fork_safe re-exported
+from tsfile_torch.sources.remote import RemoteFile
 
 __all__ = [
     "BACKENDS",

@@ -47,10 +47,10 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import align as _align
-from .backend import Source, check_backend, parse_backend
-from .catalog import Catalog, build_catalog, device_name, subset_catalog
-from .datasets import (
+from tsfile_torch.read import align as _align
+from tsfile_torch.native.backend import Source, check_backend, parse_backend
+from tsfile_torch.catalog.build import Catalog, build_catalog, device_name, subset_catalog
+from tsfile_torch.data.rows import (
     STATE_EPOCH,
     STATE_NUM_WORKERS,
     STATE_POSITION,
@@ -58,10 +58,10 @@ from .datasets import (
     STATE_SEED,
     STATE_WORLD_SIZE,
 )
-from .errors import SchemaError
-from .normalize import Normalizer, make_normalizer, series_stats
-from .options import _bool, _dtype_name, _positive_int, _seed
-from .reader import BatchReader
+from tsfile_torch.errors import SchemaError
+from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
+from tsfile_torch.options import _bool, _dtype_name, _positive_int, _seed
+from tsfile_torch.read.reader import BatchReader
 
 __all__ = [
     "TsFileWindowDataset",
@@ -1103,7 +1103,7 @@ def make_window_loader(
     Raises:
         ImportError: ``stateful=True`` without torchdata installed.
     """
-    from .loader import _stateful_loader_class, worker_context
+    from tsfile_torch.loader import _stateful_loader_class, worker_context
 
     if not isinstance(stateful, bool):
         raise TypeError(f"stateful should be True or False, but got stateful={stateful!r}")

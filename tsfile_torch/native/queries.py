@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from .errors import TsFileFormatError
+from tsfile_torch.errors import TsFileFormatError
 
 __all__ = ["prepare_handles", "query", "query_times"]
 

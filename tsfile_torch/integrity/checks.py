@@ -36,8 +36,8 @@ import threading
 
 import numpy as np
 
-from .catalog import Catalog, FileInfo, ReadGroup
-from .errors import TsFileFormatError
+from tsfile_torch.catalog.build import Catalog, FileInfo, ReadGroup
+from tsfile_torch.errors import TsFileFormatError
 
 __all__ = ["check_unchanged", "identity_of", "StatisticsCheck", "EpochSums"]
 

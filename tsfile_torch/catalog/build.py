@@ -21,10 +21,10 @@ from dataclasses import dataclass, field, replace
 
 from tsfile import TSDataType
 
-from . import remote
-from .backend import Source, open_reader, source_name
-from .errors import SchemaError, TsFileFormatError
-from .native import prepare_handles, query_times
+from tsfile_torch.errors import SchemaError, TsFileFormatError
+from tsfile_torch.native.backend import Source, open_reader, source_name
+from tsfile_torch.native.queries import prepare_handles, query_times
+from tsfile_torch.sources import remote
 
 __all__ = [
     "NUMERIC_TYPES",
@@ -60,7 +60,7 @@ class FileInfo:
     name: str
     nbytes: int
     mtime_ns: int
-    #: identity checked before every block read (see tsfile_torch.integrity)
+    #: identity checked before every block read (see tsfile_torch.integrity.checks)
     ctime_ns: int = 0
     inode: int = 0
     device_id: int = 0
@@ -186,12 +186,12 @@ def expand_sources(
     """Expand paths, directories (their ``*.tsfile``, sorted) and globs into a list of sources.
 
     URLs (``s3://bucket/prefix/*.tsfile``...) expand through fsspec into
-    :class:`~tsfile_torch.remote.RemoteFile` entries (Note: remote sources).
+    :class:`~tsfile_torch.sources.remote.RemoteFile` entries (Note: remote sources).
 
     Raises:
         TsFileFormatError: a path does not exist, a directory holds no ``*.tsfile``, a glob
             matches nothing, or nothing was given.
-        RemoteError: a URL cannot be listed (see :func:`tsfile_torch.remote.expand_url`).
+        RemoteError: a URL cannot be listed (see :func:`tsfile_torch.sources.remote.expand_url`).
     """
     if isinstance(sources, (str, os.PathLike)) or hasattr(sources, "read"):
         sources = [sources]

@@ -22,7 +22,7 @@ import threading
 import weakref
 from multiprocessing import sharedctypes
 
-from .errors import WorkerError
+from tsfile_torch.errors import WorkerError
 
 __all__ = [
     "ReadSlots",

@@ -1,9 +1,10 @@
 """BatchReader: reads rows ``[start_row, stop_row)`` of every selected column into one array.
 
-Parts, one job each: :class:`~tsfile_torch.openfiles.OpenFiles` (open readers, an LRU bounded by
-``max_open_files``), :mod:`~tsfile_torch.timeline` (row -> time index, so every read is a time
-range: Note: reads by time range), :class:`~tsfile_torch.blockcache.BlockCache` (decoded blocks),
-and this module: which groups a row range touches, decoding, and assembling the output.
+Parts, one job each: :class:`~tsfile_torch.read.openfiles.OpenFiles` (open readers, an LRU
+bounded by ``max_open_files``), :mod:`~tsfile_torch.read.timeline` (row -> time index, so every
+read is a time range: Note: reads by time range), :class:`~tsfile_torch.read.blockcache.BlockCache`
+(decoded blocks), and this module: which groups a row range touches, decoding, and assembling
+the output.
 
 Blocks (Note: block cache): a group (one device of one file) is decoded ``block_rows`` rows at a
 time and kept in a byte-bounded LRU cache, so consecutive batches do not decode the same pages
@@ -26,14 +27,14 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .blockcache import Block, BlockCache
-from .catalog import Catalog, ReadGroup
-from .errors import SchemaError, TsFileFormatError
-from .integrity import StatisticsCheck, check_unchanged
-from .native import query, query_times
-from .openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles, tune_malloc
-from .timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
-from .workers import reading
+from tsfile_torch.catalog.build import Catalog, ReadGroup
+from tsfile_torch.errors import SchemaError, TsFileFormatError
+from tsfile_torch.integrity.checks import StatisticsCheck, check_unchanged
+from tsfile_torch.integrity.reports import reading
+from tsfile_torch.native.queries import query, query_times
+from tsfile_torch.read.blockcache import Block, BlockCache
+from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles, tune_malloc
+from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
 
 __all__ = [
     "BatchReader",
@@ -119,7 +120,7 @@ class _Segments:
 
 
 class BatchReader:
-    """Read row ranges of a :class:`~tsfile_torch.catalog.Catalog` through open TsFile readers.
+    """Read row ranges of a :class:`~tsfile_torch.catalog.build.Catalog` through open readers.
 
     Args:
         catalog: what to read.
@@ -185,7 +186,7 @@ class BatchReader:
         self._matrix: np.ndarray | None = None
         self._matrix_times: np.ndarray | None = None
         self._filled: np.ndarray | None = None
-        # Note: integrity hooks (tsfile_torch.integrity)
+        # Note: integrity hooks (tsfile_torch.integrity.checks)
         self.statistics = StatisticsCheck(catalog, self.dtype) if check_statistics else None
         #: called with a description of each native read before it starts, and with None after
         #: it (DataLoader workers record it so the main process can name a crashed read)
@@ -262,7 +263,7 @@ class BatchReader:
     def check_unchanged(self) -> None:
         """Raise TsFileFormatError if a source file changed since the catalog was built.
 
-        See :func:`tsfile_torch.integrity.check_unchanged` (size, mtime, ctime, inode).
+        See :func:`tsfile_torch.integrity.checks.check_unchanged` (size, mtime, ctime, inode).
         """
         for info in self.catalog.files:
             check_unchanged(info)
@@ -314,7 +315,7 @@ class BatchReader:
     def _decode(self, plan: _Plan) -> Block:
         """Decode one planned range of one group into a block of exactly its rows.
 
-        Note: integrity hooks (tsfile_torch.integrity). Around every native read the file is
+        Note: integrity hooks (tsfile_torch.integrity.checks). Around every native read the file is
         checked unchanged before and after, the read is announced (worker slot; a frame that
         names it in a fatal signal report), and the decoded block is checked against the
         metadata statistics.

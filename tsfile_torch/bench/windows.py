@@ -3,7 +3,7 @@
 On a generated panel (devices with their own timestamps, every series split across files) it
 times one shuffled epoch of all windows (``context_length`` + ``horizon`` rows, ``stride``,
 ``batch_size`` windows per batch) through:
-- tsfile-torch streaming: :class:`~tsfile_torch.windows.WindowBatchSampler` (shuffle inside
+- tsfile-torch streaming: :class:`~tsfile_torch.data.windows.WindowBatchSampler` (shuffle inside
   groups of blocks) with an LRU that holds only the blocks in play, 0 and 2 workers;
 - tsfile-torch cached: ``cache="memory"`` and a plain ``RandomSampler``, the second epoch (the
   first decodes), 0 and 2 workers;
@@ -27,16 +27,16 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from . import synthetic
-from .bench import environment
-from .loader import worker_context
-from .windows import (
+from tsfile_torch import synthetic
+from tsfile_torch.bench.reference import environment
+from tsfile_torch.data.windows import (
     TsFileWindowDataset,
     WindowBatch,
     _batch_array,
     collate_windows,
     make_window_loader,
 )
+from tsfile_torch.loader import worker_context
 
 __all__ = ["QUICK_WINDOWS", "WindowBenchPlan", "format_window_table", "run_window_benchmark"]
 

@@ -9,12 +9,12 @@ in a child process (Note: validation child):
   header of the first chunk of every series and its first page; the row must match the
   metadata's first timestamp and first values. Costs about an open per file.
 - ``full`` (``tsfile-torch verify``): additionally decode every row of every series, with every
-  check of :mod:`tsfile_torch.integrity` (timestamps, min / max, first / last, sum).
+  check of :mod:`tsfile_torch.integrity.checks` (timestamps, min / max, first / last, sum).
 
 One child checks all files in turn, telling the parent which file it is on. If the child dies by
 a signal or stops making progress (``timeout`` seconds for one file), the parent names that file,
 starts a new child for the files after it, and goes on. The child is a fork of the caller where
-forked children can read TsFiles (:mod:`tsfile_torch.forkfix`), else a fresh interpreter.
+forked children can read TsFiles (:mod:`tsfile_torch.native.forkfix`), else a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .backend import Source, source_name
-from .errors import TsFileFormatError
-from .forkfix import fork_safe
+from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.native.backend import Source, source_name
+from tsfile_torch.native.forkfix import fork_safe
 
 __all__ = ["MODES", "FileProblem", "validate_sources", "check_sources"]
 
@@ -40,6 +40,7 @@ MODES = ("headers", "full")
 HEADERS_TIMEOUT_S = 60.0
 #: rows decoded per native call by a ``full`` check
 FULL_BLOCK_ROWS = 1 << 20
+_CHILD_MAIN = "from tsfile_torch.integrity.validate import _main; _main()"
 _DOING = {"headers": "reading its metadata and first chunks", "full": "decoding it"}
 
 
@@ -67,9 +68,9 @@ def _file_timeout(source: Source, mode: str) -> float:
 # -- in the child -------------------------------------------------------------------------
 def _check_headers(source: Source) -> None:
     """Open, read metadata, decode the first row of every series (may crash: child only)."""
-    from .backend import open_reader
-    from .catalog import build_catalog
-    from .native import prepare_handles
+    from tsfile_torch.catalog.build import build_catalog
+    from tsfile_torch.native.backend import open_reader
+    from tsfile_torch.native.queries import prepare_handles
 
     catalog = build_catalog([source], shared_timeline=False)
     info = catalog.files[0]
@@ -111,8 +112,8 @@ def _check_headers(source: Source) -> None:
 def _check_full(source: Source) -> None:
     import numpy as np
 
-    from .catalog import build_catalog
-    from .reader import BatchReader
+    from tsfile_torch.catalog.build import build_catalog
+    from tsfile_torch.read.reader import BatchReader
 
     _check_headers(source)
     catalog = build_catalog([source], shared_timeline=False)
@@ -168,7 +169,7 @@ class _Child:
             self.pid, self.fd = pid, read_fd
         else:
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", "from tsfile_torch.validate import _main; _main()", mode]
+                [sys.executable, "-c", _CHILD_MAIN, mode]
                 + [os.fspath(s) for s in sources],
                 stdout=subprocess.PIPE,
             )

@@ -27,7 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from tqdm import tqdm
 
-from . import synthetic
+from tsfile_torch import synthetic
 
 __all__ = ["run_scale", "format_scale", "plot_scale"]
 
@@ -105,7 +105,7 @@ def _cell_stream(
 ) -> dict:
     import torch
 
-    from .datasets import TsFileIterableDataset
+    from tsfile_torch.data.rows import TsFileIterableDataset
 
     t = time.perf_counter()
     ds = TsFileIterableDataset(
@@ -166,7 +166,7 @@ def _cell_stream(
 def _cell_dataframe(path: str, batch_size: int, budget_s: float) -> dict:
     from tsfile import TsFileDataFrame
 
-    from .catalog import build_catalog
+    from tsfile_torch.catalog.build import build_catalog
 
     names = build_catalog(path).column_names
     files = sorted(os.path.join(path, f) for f in os.listdir(path) if f.endswith(".tsfile"))
@@ -193,9 +193,9 @@ def _cell_dataframe(path: str, batch_size: int, budget_s: float) -> dict:
 
 def _cell_floor(path: str) -> dict:
     """Read every file's series whole on 2 threads, Arrow batches only (tsfile's floor)."""
-    from .backend import open_reader
-    from .catalog import build_catalog
-    from .native import prepare_handles, query
+    from tsfile_torch.catalog.build import build_catalog
+    from tsfile_torch.native.backend import open_reader
+    from tsfile_torch.native.queries import prepare_handles, query
 
     catalog = build_catalog(path)
 

@@ -53,7 +53,7 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from .errors import RemoteError
+from tsfile_torch.errors import RemoteError
 
 __all__ = [
     "DEFAULT_CACHE_LIMIT",
