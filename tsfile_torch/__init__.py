@@ -1,58 +1,59 @@
-"""tsfile-torch: PyTorch datasets over Apache TsFile files, with selectable read backends."""
+"""tsfile-torch: PyTorch datasets over Apache TsFile files, with selectable read backends.
+
+Public names are imported on first use (PEP 562), so ``import tsfile_torch.sources`` or a
+validation child does not pay for torch.
+"""
 
 from __future__ import annotations
 
-from tsfile_torch.catalog.build import Catalog, build_catalog
-from tsfile_torch.data.normalize import Normalizer
-from tsfile_torch.data.rows import EpochSampler, TsFileDataset, TsFileIterableDataset
-from tsfile_torch.data.windows import (
-    TsFileWindowDataset,
-    WindowBatch,
-    WindowBatchSampler,
-    WindowInfo,
-    collate_windows,
-    make_window_loader,
-)
-from tsfile_torch.errors import (
-    MappingError,
-    RemoteError,
-    SchemaError,
-    TsFileFormatError,
-    TsFileTorchError,
-    WorkerError,
-)
-from tsfile_torch.loader import make_loader
-from tsfile_torch.native import forkfix  # noqa: F401 - the fork fix must be installed at import
-from tsfile_torch.native.backend import BACKENDS, open_reader, parse_backend
-from tsfile_torch.options import CACHE_MODES, DatasetOptions
-from tsfile_torch.read.reader import BatchReader
+import importlib
+
+from tsfile_torch.native import forkfix  # noqa: F401 - the fork fix is registered at import
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "BACKENDS",
-    "CACHE_MODES",
-    "BatchReader",
-    "Catalog",
-    "DatasetOptions",
-    "EpochSampler",
-    "MappingError",
-    "RemoteError",
-    "Normalizer",
-    "SchemaError",
-    "TsFileDataset",
-    "TsFileFormatError",
-    "TsFileIterableDataset",
-    "TsFileTorchError",
-    "TsFileWindowDataset",
-    "WindowBatch",
-    "WindowBatchSampler",
-    "WindowInfo",
-    "WorkerError",
-    "build_catalog",
-    "collate_windows",
-    "make_loader",
-    "make_window_loader",
-    "open_reader",
-    "parse_backend",
-]
+_PUBLIC = {
+    "BACKENDS": "tsfile_torch.native.backend",
+    "open_reader": "tsfile_torch.native.backend",
+    "parse_backend": "tsfile_torch.native.backend",
+    "Catalog": "tsfile_torch.catalog.build",
+    "build_catalog": "tsfile_torch.catalog.build",
+    "EpochSampler": "tsfile_torch.data.core",
+    "TsFileDataset": "tsfile_torch.data.rows",
+    "TsFileIterableDataset": "tsfile_torch.data.rows",
+    "TsFileWindowDataset": "tsfile_torch.data.windows",
+    "WindowBatch": "tsfile_torch.data.windows",
+    "WindowInfo": "tsfile_torch.data.windows",
+    "collate_windows": "tsfile_torch.data.windows",
+    "Normalizer": "tsfile_torch.data.normalize",
+    "MappingError": "tsfile_torch.errors",
+    "RemoteError": "tsfile_torch.errors",
+    "SchemaError": "tsfile_torch.errors",
+    "TsFileFormatError": "tsfile_torch.errors",
+    "TsFileTorchError": "tsfile_torch.errors",
+    "WorkerError": "tsfile_torch.errors",
+    "make_loader": "tsfile_torch.loader",
+    "CACHE_MODES": "tsfile_torch.options",
+    "ReadOptions": "tsfile_torch.options",
+    "ORDERS": "tsfile_torch.sampling.orders",
+    "synthetic": "tsfile_torch.synthetic",
+    "process": "tsfile_torch.process",
+}
+
+__all__ = sorted(_PUBLIC)
+
+
+def __getattr__(name: str):
+    module = _PUBLIC.get(name)
+    if module is None:
+        raise AttributeError(f"module 'tsfile_torch' has no attribute {name!r}")
+    if module == f"tsfile_torch.{name}":
+        value = importlib.import_module(module)
+    else:
+        value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_PUBLIC))

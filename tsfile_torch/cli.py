@@ -13,8 +13,8 @@ __all__ = ["main"]
 
 
 def _bench_remote(args: argparse.Namespace) -> int:
-    from tsfile_torch.bench import reference as bench
     from tsfile_torch.bench import remote as bench_remote
+    from tsfile_torch.bench.harness import write_json
 
     records = bench_remote.run_remote_benchmark(
         args.data,
@@ -28,7 +28,7 @@ def _bench_remote(args: argparse.Namespace) -> int:
     )
     print(bench_remote.format_remote_table(records))
     if args.json:
-        bench.write_json(records, args.json)
+        write_json(records, args.json)
         print(f"wrote {len(records)} records to {args.json}")
     return 0
 
@@ -37,6 +37,7 @@ def _scale(args: argparse.Namespace) -> int:
     import os
 
     from tsfile_torch.bench import scale
+    from tsfile_torch.bench.harness import write_json
 
     data_dir = args.cache_dir or os.path.join(
         os.path.expanduser("~"), ".cache", "tsfile-torch", "scale"
@@ -47,9 +48,7 @@ def _scale(args: argparse.Namespace) -> int:
         scale.plot_scale(records, args.plot)
         print(f"wrote {args.plot}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec) + "\n")
+        write_json(records, args.json)
         print(f"wrote {len(records)} records to {args.json}")
     return 0
 
@@ -58,6 +57,7 @@ def _bench_windows(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from tsfile_torch.bench import windows as bw
+    from tsfile_torch.bench.harness import write_json
 
     plan = bw.QUICK_WINDOWS if args.quick else bw.WindowBenchPlan()
     plan = replace(plan, data=args.data, cache_dir=args.cache_dir)
@@ -66,15 +66,14 @@ def _bench_windows(args: argparse.Namespace) -> int:
     records = bw.run_window_benchmark(plan, progress=not args.no_progress)
     print(bw.format_window_table(records))
     if args.json:
-        with open(args.json, "a", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps(rec) + "\n")
+        write_json(records, args.json, append=True)
         print(f"wrote {len(records)} records to {args.json}")
     return 0 if all(r["checksum_ok"] for r in records) else 1
 
 
 def _bench(args: argparse.Namespace) -> int:
     from tsfile_torch.bench import reference as bench
+    from tsfile_torch.bench.harness import write_json
     from tsfile_torch.sources.remote import is_url
 
     if args.data and is_url(args.data) and not args.data.startswith("file://"):
@@ -119,7 +118,7 @@ def _bench(args: argparse.Namespace) -> int:
     records = bench.run_benchmark(plan, configs, progress=not args.no_progress)
     print(bench.format_table(records))
     if args.json:
-        bench.write_json(records, args.json)
+        write_json(records, args.json)
         print(f"wrote {len(records)} records to {args.json}")
     if args.plot:
         bench.plot_results(records, args.plot)
@@ -140,13 +139,13 @@ def _remote_options(args: argparse.Namespace):
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tsfile_torch.catalog.build import expand_sources, survey
+    from tsfile_torch.catalog.build import survey
     from tsfile_torch.integrity.validate import check_sources
+    from tsfile_torch.sources import expand_sources
 
-    options = _remote_options(args)
-    # a damaged file is an error, not a crash of this command (remote files are not checked)
-    check_sources(expand_sources(args.sources, options))
-    report = survey(args.sources, args.columns, options)
+    sources = expand_sources(args.sources, _remote_options(args))
+    check_sources(sources)  # a damaged file is an error, not a crash of this command
+    report = survey(sources, args.columns)
     timelines, columns = report["timelines"], report["columns"]
     if len(timelines) == 1:  # the columns read together as one dataset
         report.update(
@@ -199,14 +198,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
-    from tsfile_torch.catalog.build import expand_sources
     from tsfile_torch.integrity.validate import validate_sources
+    from tsfile_torch.sources import expand_sources
 
     sources = expand_sources(args.sources)
     mode = "headers" if args.headers_only else "full"
     problems = {p.name: p.reason for p in validate_sources(sources, mode, args.timeout)}
     for source in sources:
-        name = str(source)
+        name = source.name
         if args.json:
             print(
                 json.dumps({"file": name, "ok": name not in problems, "reason": problems.get(name)})

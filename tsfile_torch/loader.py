@@ -1,84 +1,90 @@
-"""make_loader: a DataLoader set up right for tsfile-torch datasets.
+"""make_loader: one DataLoader factory for every tsfile-torch dataset, set up right.
 
-Epochs need nothing from the loader: each pass claims the next epoch through the dataset's shared
-epoch word (iterable dataset) or :class:`~tsfile_torch.data.rows.EpochSampler` (map-style), so a
-plain ``DataLoader`` behaves the same. ``stateful=True`` returns torchdata's
-``StatefulDataLoader`` (the optional ``resume`` extra) whose ``state_dict()`` collects every
-worker's dataset state: rebuilt and loaded, it delivers exactly the batches an uninterrupted run
-would have (see the note "resume" in :mod:`tsfile_torch.data.rows`).
+- Row datasets yield whole batches (``batch_size=None``); a :class:`TsFileDataset` is visited
+  through an :class:`~tsfile_torch.data.core.EpochSampler`. The window dataset holds single
+  windows: ``batch_size`` windows per batch through the same sampler (as ``batch_sampler``)
+  and :func:`~tsfile_torch.data.windows.collate_windows`.
+- Workers are persistent (each keeps its readers and memory maps across epochs), start through
+  :func:`worker_context` (fork made safe for tsfile, else forkserver), and get
+  :func:`tsfile_torch.process.start_worker` (crash report, parent guard) before the user's
+  ``worker_init_fn``.
+- ``timeout`` defaults to :func:`default_timeout`; a worker that dies or stalls is a
+  :class:`~tsfile_torch.WorkerError` naming the file and rows it was reading; ``pin_memory``
+  defaults to ``torch.cuda.is_available()``.
+- With ``check_statistics`` on, an epoch that hands out every row once (a full pass of a row
+  dataset on one rank, no random windows, no alignment or normalization) is checked at its end:
+  each column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`).
+- ``stateful=True`` returns torchdata's ``StatefulDataLoader`` (the ``resume`` extra): its
+  ``state_dict()`` holds the datasets' or the sampler's pass states (see Note: resume in
+  :mod:`tsfile_torch.data.core`).
+
+Epochs need nothing from the loader: each pass claims the dataset's next epoch (Note: epoch word).
 """
 
 from __future__ import annotations
 
 import functools
 import multiprocessing
+import os
+import threading
 import warnings
+import weakref
 
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch.data.rows import EpochSampler, TsFileDataset, TsFileIterableDataset
+from tsfile_torch.data.core import DatasetCore, EpochSampler
+from tsfile_torch.data.rows import TsFileDataset, TsFileIterableDataset
+from tsfile_torch.data.windows import TsFileWindowDataset, collate_windows
+from tsfile_torch.errors import TsFileTorchError
 from tsfile_torch.integrity.checks import EpochSums
-from tsfile_torch.integrity.reports import explain_worker_failure, watch_worker_deaths
+from tsfile_torch.integrity.reports import explain_worker_failure
 from tsfile_torch.native.forkfix import fork_safe
+from tsfile_torch.options import check_bool, check_int
+from tsfile_torch.process import LoaderScope, start_worker
 
-__all__ = [
-    "TsFileDataLoader",
-    "default_timeout",
-    "make_loader",
-    "saved_num_workers",
-    "worker_context",
-]
+__all__ = ["default_timeout", "make_loader", "saved_num_workers", "worker_context"]
 
 #: seconds every worker batch may take at least (starting a worker and opening files included)
 MIN_TIMEOUT_S = 120.0
 #: seconds per decoded value added on top: 20x the ~0.1 us per value measured, for slow disks
 TIMEOUT_S_PER_VALUE = 2e-6
 
-_PRELOAD = ["torch", "tsfile_torch"]
+_EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
 def worker_context() -> multiprocessing.context.BaseContext:
     """Return the start method for DataLoader workers.
 
     ``fork`` where tsfile-torch can make forked children safe for tsfile (Linux with tsfile
-    2.5's library; see :mod:`tsfile_torch.native.forkfix`): workers start
-    fast and scripts need no ``__main__`` guard. Otherwise ``forkserver`` (preloading torch and
-    tsfile_torch, no tsfile threads in the server), else ``spawn``.
+    2.5's library; see :mod:`tsfile_torch.native.forkfix`): workers start fast and scripts need
+    no ``__main__`` guard. Otherwise ``forkserver``, else ``spawn``. The global multiprocessing
+    settings are left as they are.
     """
     methods = multiprocessing.get_all_start_methods()
     if fork_safe() and "fork" in methods:
         return multiprocessing.get_context("fork")
-    if "forkserver" in methods:
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(_PRELOAD)
-        return ctx
-    return multiprocessing.get_context("spawn")
+    return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-def default_timeout(dataset: TsFileIterableDataset | TsFileDataset) -> float:
+def default_timeout(dataset: DatasetCore) -> float:
     """Return the DataLoader ``timeout`` make_loader sets: generous for one block of reads.
 
     A batch may have to decode one block of every read group first: ``block_rows`` rows of
     every column. ``MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * block_rows * num_columns`` seconds.
     """
-    values = dataset.options.block_rows * len(dataset.columns)
-    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * values
+    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * dataset.block_rows * len(dataset.catalog.columns)
 
 
-_EPS = {"float64": 2.0**-52, "float32": 2.0**-23, "float16": 2.0**-10, "bfloat16": 2.0**-7}
+class _Pass:
+    """One iteration of a loader: worker failures named, epoch sums checked, effects undone."""
 
-
-class _GuardedIterator:
-    """Wraps a DataLoader iterator: a dead or stalled worker becomes a WorkerError."""
-
-    def __init__(self, inner, dataset, sums: EpochSums | None = None, on_checked=None):
+    def __init__(self, loader, inner):
+        self._loader = loader
         self._inner = inner
-        self._dataset = dataset
-        self._sums = sums
-        self._on_checked = on_checked
-        if getattr(inner, "_workers", None):  # torch has set its SIGCHLD handler by now
-            watch_worker_deaths(getattr(dataset, "_slots", None))
+        ds = loader.dataset
+        self._scope = LoaderScope(ds._slots, bool(getattr(inner, "_workers", None)))
+        self._sums = loader._epoch_sums()
 
     def __iter__(self):
         return self
@@ -90,146 +96,144 @@ class _GuardedIterator:
         try:
             batch = next(self._inner)
         except StopIteration:
+            self._end()
             if self._sums is not None:
                 sums, self._sums = self._sums, None
-                if sums.check() and self._on_checked is not None:
-                    self._on_checked()
+                if sums.check():
+                    self._loader._sums_checked = self._loader.dataset.options.cache == "memory"
             raise
         except (RuntimeError, ConnectionError, EOFError) as err:
+            self._end()
             better = explain_worker_failure(
-                err, getattr(self._dataset, "_slots", None), getattr(self._inner, "_workers", ())
+                err, self._loader.dataset._slots, getattr(self._inner, "_workers", ())
             )
             if better is None:
                 raise
             raise better from err
+        except BaseException:
+            self._end()
+            raise
         if self._sums is not None:
-            values = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
-            if not isinstance(values, torch.Tensor) or values.ndim != 2:
-                self._sums = None  # a subclass yields something else: nothing to check
-                return batch
+            values = batch[0] if isinstance(batch, (tuple, list)) else batch
             if values.dtype in (torch.float16, torch.bfloat16):
                 values = values.float()
             self._sums.add(values.numpy())
         return batch
+
+    def _end(self) -> None:
+        self._scope.close()
+        self._loader._running = None
+
+    def __del__(self):
+        self._scope.close()
 
     def __getattr__(self, name):
         return getattr(self._inner, name)
 
 
 class _Guarded:
-    """Mixin: worker deaths and timeouts name the file and rows being read.
+    """Mixin of make_loader's loaders (see the module notes)."""
 
-    With ``check_statistics`` on, an epoch that hands out every row once (a full pass in row or
-    shuffled order, one process group rank, no random windows) is also checked at its end: each
-    column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`),
-    which covers what workers decoded.
-    """
+    _sums_checked = False
 
     def __iter__(self):
-        return _GuardedIterator(
-            super().__iter__(), self.dataset, self._epoch_sums(), self._sums_checked
-        )
-
-    def _sums_checked(self) -> None:
-        # cache="memory": later passes hand out the very values this pass checked
-        self._memory_sums_checked = getattr(self.dataset.options, "cache", "none") == "memory"
+        ds = self.dataset
+        running = ds.__dict__.get("_running_loader")
+        other = running() if running is not None else None
+        if other is not None and other is not self and other._running is not None:
+            if other.num_workers or self.num_workers:
+                raise TsFileTorchError(
+                    f"this {type(ds).__name__} is already being iterated by another loader "
+                    f"with DataLoader workers; two loaders over one dataset object would share "
+                    f"its epoch: finish or delete the first iteration, or build a second dataset"
+                )
+        inner = super().__iter__()
+        out = _Pass(self, inner)
+        self._running = weakref.ref(out)
+        ds.__dict__["_running_loader"] = weakref.ref(self)
+        return out
 
     def _epoch_sums(self) -> EpochSums | None:
         ds = self.dataset
-        options = getattr(ds, "options", None)
-        if options is None or not options.check_statistics or ds.random_batches is not None:
+        if self._sums_checked or not getattr(ds, "checks_epoch_sums", False):
             return None
-        if getattr(self, "_memory_sums_checked", False):
-            return None
-        if (
-            getattr(ds, "world_size", 1) > 1
-            or getattr(ds, "alignment", None) is not None
-            or getattr(ds, "normalizer", None) is not None
-        ):
-            return None  # a rank sees part of the rows; aligned or normalized rows differ
-        if isinstance(ds, TsFileDataset):  # only samplers known to visit every batch once
-            sampler = self.sampler
-            once = type(sampler) in (tud.SequentialSampler, EpochSampler) or (
+        if isinstance(ds, TsFileDataset) and not isinstance(self.sampler, EpochSampler):
+            sampler = self.sampler  # only samplers known to visit every batch once
+            once = type(sampler) is tud.SequentialSampler or (
                 type(sampler) is tud.RandomSampler
                 and not sampler.replacement
                 and sampler.num_samples == len(ds)
             )
             if not once:
                 return None
-        return EpochSums(ds.catalog, _EPS[options.dtype])
+        return EpochSums(ds.catalog, _EPS[ds.options.dtype])
 
 
 class TsFileDataLoader(_Guarded, tud.DataLoader):
-    """A DataLoader whose worker deaths and timeouts name the file and rows being read.
+    """The DataLoader :func:`make_loader` returns (see :mod:`tsfile_torch.loader`)."""
 
-    With ``check_statistics`` on, an epoch that hands out every row once (a full pass in row or
-    shuffled order, one rank, no random windows) is also checked at its end: each column's sum
-    against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`), which covers what
-    workers decoded.
-    """
+    _running = None
 
 
 def make_loader(
-    dataset: TsFileIterableDataset | TsFileDataset,
+    dataset: DatasetCore,
+    batch_size: int | None = None,
     num_workers: int = 0,
     *,
-    shuffle: bool = False,
     pin_memory: bool | None = None,
     stateful: bool = False,
     **kwargs,
 ) -> tud.DataLoader:
-    """Return a DataLoader that yields the dataset's batches as they are.
-
-    The dataset already batches, so ``batch_size=None``; workers are persistent so each keeps its
-    readers and memory maps across epochs; workers start through :func:`worker_context` (fork
-    made safe for tsfile, or forkserver); memory is pinned when CUDA is available. A map-style
-    dataset is visited through an :class:`~tsfile_torch.data.rows.EpochSampler` (this rank's
-    batches, a new epoch per pass) unless ``sampler`` is given. With workers, ``timeout``
-    defaults to :func:`default_timeout`, and a worker that dies or stalls is a
-    :class:`~tsfile_torch.WorkerError` naming the file and rows it was reading.
+    """Return a DataLoader over any tsfile-torch dataset (see the module notes).
 
     Args:
-        dataset: a tsfile-torch dataset.
+        dataset: a :class:`TsFileIterableDataset`, :class:`TsFileDataset` or
+            :class:`TsFileWindowDataset`.
+        batch_size: windows per batch for :class:`TsFileWindowDataset` (required there); row
+            datasets batch themselves (set ``batch_size`` on the dataset).
         num_workers: DataLoader worker processes (0 reads in the main process).
-        shuffle: map-style datasets only: visit batches in a (seed, epoch) permutation.
         pin_memory: ``None`` pins when ``torch.cuda.is_available()``.
         stateful: return a ``torchdata.stateful_dataloader.StatefulDataLoader`` (install
             ``tsfile-torch[resume]``) whose ``state_dict()`` / ``load_state_dict()`` resume
             mid-epoch; loading a state saved with another ``num_workers`` is a ``ValueError``.
-        **kwargs: passed on to ``DataLoader`` (``prefetch_factor``,
-            ``multiprocessing_context``, ``sampler``...).
+        **kwargs: passed on to ``DataLoader`` (``prefetch_factor``, ``timeout``,
+            ``multiprocessing_context``, ``worker_init_fn``, ``persistent_workers``, a
+            ``sampler`` for a :class:`TsFileDataset`...).
 
     Raises:
         TypeError / ValueError: on a wrong dataset or argument.
         ImportError: ``stateful=True`` without torchdata installed.
     """
-    if not isinstance(dataset, (TsFileIterableDataset, TsFileDataset)):
+    if not isinstance(dataset, DatasetCore):
         raise TypeError(
-            f"dataset must be a TsFileIterableDataset or TsFileDataset; got "
-            f"{type(dataset).__name__}"
+            f"dataset must be a TsFileIterableDataset, TsFileDataset or TsFileWindowDataset; "
+            f"got {type(dataset).__name__}"
         )
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+    num_workers = check_int("num_workers", num_workers, 0, 1024)
+    check_bool("stateful", stateful)
+    if "shuffle" in kwargs:
         raise ValueError(
-            f"num_workers should be a non-negative integer value, but got "
-            f"num_workers={num_workers!r}"
+            "shuffle belongs to the dataset: TsFile...Dataset(..., shuffle=True) or "
+            "order='shuffle' / 'batches', so every loader and rank agrees on the order"
         )
-    if "batch_size" in kwargs and kwargs["batch_size"] is not None:
-        raise ValueError(
-            "the dataset yields whole batches; set batch_size on the dataset, not on the loader"
-        )
-    kwargs.pop("batch_size", None)
-    if shuffle and isinstance(dataset, TsFileIterableDataset):
-        raise ValueError(
-            "shuffle belongs to TsFileIterableDataset(shuffle=True), not to the loader"
-        )
-    if not isinstance(stateful, bool):
-        raise TypeError(f"stateful should be True or False, but got stateful={stateful!r}")
-    if isinstance(dataset, TsFileDataset) and kwargs.get("sampler") is None:
-        if shuffle and kwargs.get("batch_sampler") is not None:
-            raise ValueError("shuffle=True and a batch_sampler exclude each other: pick one")
-        if kwargs.get("batch_sampler") is None:
-            kwargs["sampler"] = EpochSampler(dataset, shuffle=shuffle)
-    if num_workers > len(dataset):
+    if isinstance(dataset, TsFileWindowDataset):
+        if batch_size is None:
+            raise ValueError(
+                "batch_size is required for a TsFileWindowDataset: windows per batch, e.g. "
+                "make_loader(ds, batch_size=256)"
+            )
+        kwargs["batch_sampler"] = EpochSampler(dataset, batch_size, num_workers)
+        kwargs.setdefault("collate_fn", collate_windows)
+        batch_size = 1  # DataLoader's default; the batch sampler decides
+    else:
+        if batch_size is not None:
+            raise ValueError(
+                "the dataset yields whole batches; set batch_size on the dataset, not on the loader"
+            )
+        if isinstance(dataset, TsFileDataset) and kwargs.get("sampler") is None:
+            if kwargs.get("batch_sampler") is None:
+                kwargs["sampler"] = EpochSampler(dataset, None, num_workers)
+    if isinstance(dataset, TsFileIterableDataset) and num_workers > len(dataset):
         warnings.warn(
             f"num_workers={num_workers} exceeds the {len(dataset)} batches per epoch; "
             f"some workers will have nothing to read",
@@ -237,21 +241,33 @@ def make_loader(
         )
     if pin_memory is None:
         pin_memory = torch.cuda.is_available()
-    kwargs.setdefault("persistent_workers", num_workers > 0)
-    if num_workers > 0 and kwargs.get("multiprocessing_context") is None:
-        kwargs["multiprocessing_context"] = worker_context()
     if num_workers > 0:
+        kwargs.setdefault("persistent_workers", True)
+        if kwargs.get("multiprocessing_context") is None:
+            kwargs["multiprocessing_context"] = worker_context()
         kwargs.setdefault("timeout", default_timeout(dataset))
-    if stateful:
-        loader_class = _stateful_loader_class()
-        with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
-            warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-            return loader_class(
-                dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
-            )
-    return TsFileDataLoader(
-        dataset, batch_size=None, num_workers=num_workers, pin_memory=pin_memory, **kwargs
-    )
+        kwargs["worker_init_fn"] = functools.partial(
+            _init_worker,
+            os.getpid(),
+            threading.current_thread() is threading.main_thread(),
+            kwargs.get("worker_init_fn"),
+        )
+    loader_class = _stateful_loader_class() if stateful else TsFileDataLoader
+    with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
+        warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
+        return loader_class(
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            **kwargs,
+        )
+
+
+def _init_worker(parent_pid: int, from_main_thread: bool, user_init, worker_id: int) -> None:
+    start_worker(parent_pid, from_main_thread)
+    if user_init is not None:
+        user_init(worker_id)
 
 
 def saved_num_workers(state: dict) -> int:
@@ -283,6 +299,8 @@ def _stateful_loader_class():
         Worker failures are named as in :class:`TsFileDataLoader`; epoch sums are not checked
         (a resumed epoch hands out only part of the rows).
         """
+
+        _running = None
 
         def _epoch_sums(self):
             return None

@@ -1,77 +1,159 @@
-"""DatasetOptions: every dataset setting in one frozen dataclass, validated once.
+"""ReadOptions: what every dataset reads and how, in one frozen dataclass validated once.
 
-Datasets, the CLI and the benchmarks build their settings through :class:`DatasetOptions`, so an
-argument is checked in one place with one message.
+The row datasets and the window dataset take these settings with the same names, defaults and
+messages (Note: one options group); the CLI and the benchmarks build them the same way. This
+module is the bottom of the package: it names the allowed values (backends, caches, alignments,
+fills, normalizations, dtypes) and holds the argument checks every layer uses, and imports no
+implementation.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
 import numbers
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
-from tsfile_torch.data.normalize import NORMALIZE_METHODS, Normalizer
-from tsfile_torch.native.backend import parse_backend
-from tsfile_torch.read.align import check_align
-from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES
-from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS
-from tsfile_torch.read.timeline import default_index_dir
-from tsfile_torch.sources.remote import DEFAULT_CACHE_LIMIT, RemoteOptions
+__all__ = [
+    "ALIGN_MODES",
+    "CACHE_MODES",
+    "DTYPES",
+    "FILL_MODES",
+    "NORMALIZE_METHODS",
+    "READ_BACKENDS",
+    "TIME_UNITS",
+    "ReadOptions",
+    "check_bool",
+    "check_int",
+    "check_seed",
+    "parse_backend",
+    "to_timestamp",
+]
 
-__all__ = ["CACHE_MODES", "MAX_RANDOM_BATCHES", "DatasetOptions", "check_random_batches"]
-
-#: Most random windows per epoch: their start rows are one int64 array (2 GiB at this bound).
-MAX_RANDOM_BATCHES = 1 << 28
-
-
-def check_random_batches(name: str, value) -> None:
-    """Raise ValueError if ``value`` windows per epoch exceed :data:`MAX_RANDOM_BATCHES`."""
-    if value is not None and value > MAX_RANDOM_BATCHES:
-        raise ValueError(
-            f"{name}={value} random windows per epoch is beyond the limit of "
-            f"{MAX_RANDOM_BATCHES} (their start rows alone would take {value * 8 / 2**30:.0f} "
-            f"GiB); use fewer windows per epoch and more epochs"
-        )
-
-
+#: Read backends by name (see :mod:`tsfile_torch.native.backend`).
+READ_BACKENDS = ("auto", "mmap", "pread")
 #: ``none``: streaming; decoded blocks live in a bounded cache emptied at each epoch.
-#: ``memory``: every row read is kept, assembled, in the process across epochs (decode once;
-#: ``num_rows * (num_columns * itemsize + 8)`` bytes per process).
+#: ``memory``: every row read is kept in the process across epochs (decode once).
 CACHE_MODES = ("none", "memory")
+#: How the rows of an aligned view are chosen; ``None`` means "one shared timeline".
+ALIGN_MODES = ("union", "intersect")
+#: What a series holds at an aligned row where it has no sample.
+FILL_MODES = ("nan", "ffill", "zero")
+#: ``minmax`` maps [min, max] to [0, 1]; ``standard`` maps the mean to 0 and one std to 1.
+NORMALIZE_METHODS = ("minmax", "standard")
+#: Floating dtypes of the values handed out.
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: Units of int64 timestamps, for converting datetimes (TsFile's default is milliseconds).
+TIME_UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
-_FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: Default bound of the local copies of URL sources: 100 GiB (LitData's ``max_cache_size``).
+DEFAULT_CACHE_LIMIT = 100 * 2**30
+
+_INT64 = (-(2**63), 2**63 - 1)
 
 
-def _positive_int(name: str, value: Any, allow_none: bool = False, allow_zero: bool = False):
+def check_int(
+    name: str,
+    value: Any,
+    low: int = 1,
+    high: int = _INT64[1],
+    allow_none: bool = False,
+) -> int | None:
+    """Return ``value`` as an int in ``[low, high]`` (numpy integers too; ``bool`` refused).
+
+    Raises:
+        TypeError: not an integer. ValueError: outside the range, with the range in the message.
+    """
     if value is None and allow_none:
         return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} should be a positive integer value, but got {name}={value!r}")
-    if value < 0 or (value == 0 and not allow_zero):
-        raise ValueError(f"{name} should be a positive integer value, but got {name}={value!r}")
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{name} should be an integer, but got {name}={value!r}")
+    value = int(value)
+    if not low <= value <= high:
+        bound = f">= {low}" if high == _INT64[1] else f"in [{low}, {high}]"
+        raise ValueError(f"{name} should be an integer {bound}, but got {name}={value!r}")
     return value
 
 
-def _seed(value: Any) -> int:
+def check_bool(name: str, value: Any) -> bool:
+    """Return ``value`` if it is True or False, else raise TypeError naming ``name``."""
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
+    return value
+
+
+def check_choice(name: str, value: Any, allowed, allow_none: bool = False) -> Any:
+    """Return ``value`` if it is one of ``allowed`` (or None when allowed), else ValueError."""
+    if (value is None and allow_none) or (isinstance(value, str) and value in allowed):
+        return value
+    shown = ", ".join(map(repr, allowed)) + (" or None" if allow_none else "")
+    raise ValueError(f"{name} must be one of {shown}; got {value!r}")
+
+
+def check_seed(value: Any) -> int:
     """Return ``value`` modulo 2**64, as ``torch.Generator.manual_seed`` takes any integer."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(
+        raise TypeError(
             f"seed should be an integer (any sign; it is taken modulo 2**64), "
             f"but got seed={value!r}"
         )
     return int(value) % (1 << 64)
 
 
-def _bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} should be True or False, but got {name}={value!r}")
-    return value
+def parse_backend(value: object) -> str:
+    """Return the backend name for ``value``: a name in any case, or a ``tsfile.FileReadBackend``.
+
+    Raises:
+        ValueError: for anything else.
+    """
+    name = getattr(value, "name", value) if type(value).__name__ == "FileReadBackend" else value
+    if isinstance(name, str) and name.lower() in READ_BACKENDS:
+        return name.lower()
+    raise ValueError(
+        f"read_backend must be one of 'auto', 'mmap', 'pread' or a tsfile.FileReadBackend; "
+        f"got {value!r}"
+    )
+
+
+def to_timestamp(name: str, value: Any, time_unit: str) -> int | None:
+    """Return a time bound as an int64 timestamp in ``time_unit``.
+
+    Accepts an integer, a ``datetime`` (naive = UTC), a ``pandas.Timestamp``, a
+    ``numpy.datetime64`` or an ISO-8601 string; ``None`` stays None.
+    """
+    if value is None:
+        return None
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return check_int(name, value, *_INT64)
+    per_second = TIME_UNITS[time_unit]
+    if type(value).__name__ == "datetime64":
+        value = int(value.astype(f"datetime64[{time_unit}]").astype("int64"))
+        return check_int(name, value, *_INT64)
+    if isinstance(value, str):
+        try:
+            value = _dt.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as err:
+            raise ValueError(
+                f"{name}={value!r} is not an ISO-8601 date / time (e.g. '2024-01-31T12:00:00')"
+            ) from err
+    if isinstance(value, _dt.datetime):  # pandas.Timestamp is one too
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        delta = value - _dt.datetime(1970, 1, 1, tzinfo=_dt.timezone.utc)
+        micros = (delta.days * 86400 + delta.seconds) * 10**6 + delta.microseconds
+        nanos = micros * 1000 + int(getattr(value, "nanosecond", 0))
+        return check_int(name, nanos * per_second // 10**9, *_INT64)
+    raise TypeError(
+        f"{name} should be an integer timestamp, a datetime, a numpy.datetime64, an ISO-8601 "
+        f"string or None; got {value!r}"
+    )
 
 
 def _dtype_name(value: Any) -> str:
     name = str(value).replace("torch.", "")
-    if name not in _FLOAT_DTYPES:
+    if name not in DTYPES:
         raise ValueError(
             f"dtype must be one of torch.float16, torch.bfloat16, torch.float32, "
             f"torch.float64; got {value!r}"
@@ -80,168 +162,140 @@ def _dtype_name(value: Any) -> str:
 
 
 @dataclass(frozen=True)
-class DatasetOptions:
-    """Settings shared by every tsfile-torch dataset.
+class ReadOptions:
+    """What a dataset reads and how: shared by every dataset, the CLI and the benchmarks.
 
     Attributes:
-        columns: ``None`` for every numeric field, else exact names or glob patterns.
-        batch_size: rows per batch.
-        shuffle: batches in a (seed, epoch) permutation instead of row order.
-        seed: seed of every random choice: any integer, kept modulo 2**64 (``-1`` is stored
-            as ``2**64 - 1``, as ``torch.Generator.manual_seed`` does).
-        drop_last: leave out the last, shorter batch.
-        read_backend: ``"auto"``, ``"mmap"`` or ``"pread"``.
-        dtype: name of the torch floating dtype of batches (``"float32"``...).
-        random_batches: if set, each epoch is this many windows of ``batch_size`` rows starting
-            at uniformly random rows, instead of a pass over the rows.
-        cache: one of :data:`CACHE_MODES`.
-        cache_bytes: block-cache budget per process for ``cache="none"`` (``None``: default).
-        block_rows: rows decoded per native call.
-        return_timestamps: yield ``(values, timestamps)`` instead of ``values``.
-        malloc_tuning: apply :func:`tsfile_torch.read.reader.tune_malloc` in each reading process
-            (glibc only; keeps decode buffers mapped between queries: faster, may hold up to
-            1 GiB of freed heap).
-        decode_threads: threads decoding different files / devices at once in a reading
-            process; ``None``: up to 4 (the CPU count) with ``num_workers=0``, 1 inside
-            DataLoader workers (the workers already use the cores).
+        read_backend: ``"auto"``, ``"mmap"`` or ``"pread"`` (or a ``tsfile.FileReadBackend``),
+            captured when each reader opens.
+        dtype: torch floating dtype of the values (by name: ``"float32"``...).
+        cache: ``"none"`` (streaming: a bounded block cache, emptied each epoch) or
+            ``"memory"`` (every row read kept in the process across epochs).
+        cache_bytes: block-cache budget per process (``None``: two blocks of every read group,
+            at least 64 MiB, at most 1 GiB or a quarter of RAM).
+        block_rows: rows decoded per native call and cache entry (``None``: 131,072 for rows,
+            32,768 for windows).
+        return_timestamps: add the int64 timestamps to each item.
         storage_options: fsspec filesystem arguments for URL sources (credentials, endpoint).
         cache_dir: where URL sources are copied before reading (``None``:
-            ``~/.cache/tsfile-torch/remote``); see :mod:`tsfile_torch.sources.remote`.
+            ``~/.cache/tsfile-torch/remote``).
         cache_limit: bytes of copies kept in ``cache_dir`` (least recently used deleted first).
-        start_time: first timestamp to read (inclusive, tsfile's convention); ``None``: from
-            the start. Pushed down to the reader: only rows in range are read.
-        end_time: last timestamp to read (inclusive); ``None``: to the end.
-        max_open_files: TsFile readers open at once per process (an LRU; closed mmap readers
-            unmap their file).
+        start_time, end_time: first / last timestamp read (inclusive; ``None``: unbounded):
+            an integer in ``time_unit``, a datetime (naive = UTC), a numpy.datetime64 or an
+            ISO-8601 string. Pushed down to the reader: only rows in range are read.
+        time_unit: unit of the files' timestamps, for converting datetimes (``"ms"``...).
+        max_open_files: TsFile readers open at once per process (an LRU).
         index_cache: where timeline indexes are cached across processes and runs: ``True`` for
-            ``~/.cache/tsfile-torch/index``, a directory path, or ``False`` for memory only.
-        align: ``None``: every column must share one timeline; ``"union"`` / ``"intersect"``:
-            rows are the union / intersection of the columns' timestamps (see
-            :mod:`tsfile_torch.read.aligned`).
-        fill: with ``align``, what a column holds at a row where it has no sample: ``"nan"``,
+            ``$XDG_CACHE_HOME/tsfile-torch/index``, a directory path, or ``False`` for memory.
+        align: ``None``: columns (of a device, for windows) must share one timeline;
+            ``"union"`` / ``"intersect"``: rows are the union / intersection of timestamps.
+        fill: with ``align``, what a column holds at a row without a sample: ``"nan"``,
             ``"ffill"`` (last earlier sample, NaN before the first) or ``"zero"``.
-        normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std:
-            one pass over the data when the dataset is built) or a
-            :class:`~tsfile_torch.data.normalize.Normalizer` naming every column.
+        normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std: one
+            pass when the dataset is built) or a ``Normalizer`` naming every column.
         validate: check every file's metadata and first chunks in a child process when the
-            dataset is built, so a file that crashes tsfile's native reader is a
-            ``TsFileFormatError`` instead (see :mod:`tsfile_torch.integrity.validate`);
-            ``False`` skips it for trusted data.
-        check_statistics: cross-check every decoded block against the file's metadata
-            statistics (see :mod:`tsfile_torch.integrity.checks`).
+            dataset is built, so a file that crashes tsfile's native reader is an error instead.
+        check_statistics: cross-check decoded blocks against the files' metadata statistics.
+        malloc_tuning: keep glibc from returning decode buffers to the OS in reading processes
+            (see :mod:`tsfile_torch.process`).
+        decode_threads: threads decoding different files at once in a reading process;
+            ``None``: up to 4 with ``num_workers=0``, 1 inside DataLoader workers.
     """
 
-    columns: tuple[str, ...] | None = None
-    batch_size: int = 8192
-    shuffle: bool = False
-    seed: int = 0
-    drop_last: bool = False
     read_backend: str = "auto"
     dtype: str = "float32"
-    random_batches: int | None = None
     cache: str = "none"
     cache_bytes: int | None = None
-    block_rows: int = DEFAULT_BLOCK_ROWS
+    block_rows: int | None = None
     return_timestamps: bool = False
-    malloc_tuning: bool = True
-    decode_threads: int | None = None
     storage_options: Mapping[str, Any] | None = None
     cache_dir: str | None = None
     cache_limit: int = DEFAULT_CACHE_LIMIT
-    start_time: int | None = None
-    end_time: int | None = None
-    max_open_files: int = DEFAULT_MAX_OPEN_FILES
+    start_time: Any = None
+    end_time: Any = None
+    time_unit: str = "ms"
+    max_open_files: int = 128
     index_cache: bool | str = True
     align: str | None = None
     fill: str = "nan"
-    normalize: str | Normalizer | None = None
+    normalize: Any = None
     validate: bool = True
     check_statistics: bool = True
+    malloc_tuning: bool = True
+    decode_threads: int | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
-        cols = self.columns
-        if isinstance(cols, str):
-            cols = (cols,)
-        if cols is not None:
-            if not isinstance(cols, (list, tuple)) or not cols:
-                raise ValueError(
-                    f"columns must be None or a non-empty list of names / glob "
-                    f"patterns; got {self.columns!r}"
-                )
-            for c in cols:
-                if not isinstance(c, str):
-                    raise TypeError(f"columns must hold str names or patterns; got {c!r}")
-            cols = tuple(cols)
-        set_("columns", cols)
-        _positive_int("batch_size", self.batch_size)
-        _bool("shuffle", self.shuffle)
-        _bool("drop_last", self.drop_last)
-        _bool("return_timestamps", self.return_timestamps)
-        _bool("malloc_tuning", self.malloc_tuning)
-        _bool("validate", self.validate)
-        _bool("check_statistics", self.check_statistics)
-        _positive_int("decode_threads", self.decode_threads, allow_none=True)
-        set_("seed", _seed(self.seed))
         set_("read_backend", parse_backend(self.read_backend))
         set_("dtype", _dtype_name(self.dtype))
-        _positive_int("random_batches", self.random_batches, allow_none=True)
-        check_random_batches("random_batches", self.random_batches)
-        if self.cache not in CACHE_MODES:
-            raise ValueError(
-                f"cache must be one of {', '.join(map(repr, CACHE_MODES))}; got {self.cache!r}"
+        check_choice("cache", self.cache, CACHE_MODES)
+        set_("cache_bytes", check_int("cache_bytes", self.cache_bytes, 0, allow_none=True))
+        set_("block_rows", check_int("block_rows", self.block_rows, 1, 2**40, allow_none=True))
+        for name in ("return_timestamps", "validate", "check_statistics", "malloc_tuning"):
+            check_bool(name, getattr(self, name))
+        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
+            raise TypeError(
+                f"storage_options must be a dict of fsspec filesystem arguments or None; got "
+                f"{self.storage_options!r}"
             )
-        _positive_int("cache_bytes", self.cache_bytes, allow_none=True, allow_zero=True)
-        _positive_int("block_rows", self.block_rows)
-        self.remote  # noqa: B018 (validates storage_options, cache_dir, cache_limit)
+        if self.cache_dir is not None:
+            if not isinstance(self.cache_dir, (str, os.PathLike)):
+                raise TypeError(f"cache_dir must be a path or None; got {self.cache_dir!r}")
+            set_("cache_dir", os.fspath(self.cache_dir))
+        set_("cache_limit", check_int("cache_limit", self.cache_limit, 1))
+        check_choice("time_unit", self.time_unit, tuple(TIME_UNITS))
         for name in ("start_time", "end_time"):
-            value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
-                raise TypeError(f"{name} should be an integer timestamp or None, got {value!r}")
-        if (
-            self.start_time is not None
-            and self.end_time is not None
-            and self.start_time > self.end_time
-        ):
+            set_(name, to_timestamp(name, getattr(self, name), self.time_unit))
+        if None not in (self.start_time, self.end_time) and self.start_time > self.end_time:
             raise ValueError(
                 f"start_time must not be after end_time; got start_time={self.start_time}, "
                 f"end_time={self.end_time}"
             )
-        _positive_int("max_open_files", self.max_open_files)
-        if not isinstance(self.index_cache, (bool, str)):
+        set_("max_open_files", check_int("max_open_files", self.max_open_files, 1))
+        if not isinstance(self.index_cache, (bool, str, os.PathLike)):
             raise TypeError(
                 f"index_cache should be True, False or a directory path, got {self.index_cache!r}"
             )
-        check_align(self.align, self.fill)
+        if isinstance(self.index_cache, os.PathLike):
+            set_("index_cache", os.fspath(self.index_cache))
+        check_choice("align", self.align, ALIGN_MODES, allow_none=True)
+        check_choice("fill", self.fill, FILL_MODES)
         if not (
             self.normalize is None
-            or isinstance(self.normalize, Normalizer)
-            or self.normalize in NORMALIZE_METHODS
+            or (isinstance(self.normalize, str) and self.normalize in NORMALIZE_METHODS)
+            or (callable(self.normalize) and hasattr(self.normalize, "inverse"))
         ):
             raise ValueError(
                 f"normalize must be None, 'minmax', 'standard' or a Normalizer; "
                 f"got {self.normalize!r}"
             )
-        if self.random_batches is not None and self.shuffle:
-            raise ValueError(
-                "random_batches draws random windows already; shuffle=True cannot "
-                "be combined with it: leave shuffle=False"
-            )
-
-    @property
-    def remote(self) -> RemoteOptions:
-        """The settings of URL sources, validated."""
-        return RemoteOptions(self.storage_options, self.cache_dir, self.cache_limit)
+        set_("decode_threads", check_int("decode_threads", self.decode_threads, allow_none=True))
 
     @property
     def index_dir(self) -> str | None:
         """Directory of the timeline-index cache, or ``None`` when disabled."""
         if self.index_cache is True:
-            return default_index_dir()
+            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
+                os.path.expanduser("~"), ".cache"
+            )
+            return os.path.join(base, "tsfile-torch", "index")
         return self.index_cache or None
 
-    def replace(self, **changes) -> DatasetOptions:
+    @property
+    def itemsize(self) -> int:
+        """Bytes per value as decoded (float64 for ``float64``, float32 otherwise)."""
+        return 8 if self.dtype == "float64" else 4
+
+    def replace(self, **changes) -> ReadOptions:
         """Return a copy with ``changes`` applied and validated."""
         values = {f.name: getattr(self, f.name) for f in fields(self)}
         values.update(changes)
-        return DatasetOptions(**values)
+        return ReadOptions(**values)
+
+    @classmethod
+    def split(cls, kwargs: dict[str, Any]) -> tuple[ReadOptions, dict[str, Any]]:
+        """Return ReadOptions built from the keys of ``kwargs`` it knows, and the other keys."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in kwargs.items() if k in names}), {
+            k: v for k, v in kwargs.items() if k not in names
+        }

@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-import glob
-import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from tsfile import TSDataType
 
 from tsfile_torch.errors import SchemaError, TsFileFormatError
-from tsfile_torch.native.backend import Source, open_reader, source_name
+from tsfile_torch.native.backend import open_reader
+from tsfile_torch.native.errors import native_call
 from tsfile_torch.native.queries import prepare_handles, query_times
-from tsfile_torch.sources import remote
+from tsfile_torch.sources import Source
 
 __all__ = [
     "NUMERIC_TYPES",
@@ -33,9 +32,11 @@ __all__ = [
     "FileInfo",
     "ReadGroup",
     "Shard",
+    "SourceMetadata",
     "build_catalog",
+    "lay_out",
+    "read_metadata",
     "device_name",
-    "expand_sources",
     "survey",
     "subset_catalog",
 ]
@@ -53,17 +54,18 @@ NUMERIC_TYPES = {
 
 @dataclass(frozen=True)
 class FileInfo:
-    """One source file: where it is and the size / mtime it had when the catalog was built."""
+    """One source file: the source, its size, and its identity when the catalog was built."""
 
     index: int
     source: Source
     name: str
     nbytes: int
-    mtime_ns: int
-    #: identity checked before every block read (see tsfile_torch.integrity.checks)
-    ctime_ns: int = 0
-    inode: int = 0
-    device_id: int = 0
+    #: what :meth:`Source.check_unchanged` compares before every read (None: not checkable)
+    identity: tuple | None = None
+
+    def check_unchanged(self) -> None:
+        """Raise TsFileFormatError if the file is no longer the one the catalog was built from."""
+        self.source.check_unchanged(self.identity)
 
 
 @dataclass(frozen=True)
@@ -180,72 +182,6 @@ class Catalog:
         ]
 
 
-def expand_sources(
-    sources: Source | Sequence[Source], remote_options: remote.RemoteOptions | None = None
-) -> list[Source]:
-    """Expand paths, directories (their ``*.tsfile``, sorted) and globs into a list of sources.
-
-    URLs (``s3://bucket/prefix/*.tsfile``...) expand through fsspec into
-    :class:`~tsfile_torch.sources.remote.RemoteFile` entries (Note: remote sources).
-
-    Raises:
-        TsFileFormatError: a path does not exist, a directory holds no ``*.tsfile``, a glob
-            matches nothing, or nothing was given.
-        RemoteError: a URL cannot be listed (see :func:`tsfile_torch.sources.remote.expand_url`).
-    """
-    if isinstance(sources, (str, os.PathLike)) or hasattr(sources, "read"):
-        sources = [sources]
-    if not isinstance(sources, Sequence) or isinstance(sources, (bytes, bytearray)):
-        raise TypeError(
-            f"sources must be a path, a directory, a glob pattern, a binary file object or a "
-            f"list of them; got {type(sources).__name__}"
-        )
-    out: list[Source] = []
-    for src in sources:
-        if hasattr(src, "read") or isinstance(src, remote.RemoteFile):
-            out.append(src)
-            continue
-        if remote.is_url(src) and not src.startswith("file://"):
-            out.extend(remote.expand_url(src, remote_options))
-            continue
-        if not isinstance(src, (str, os.PathLike)):
-            raise TypeError(f"each source must be a path or a binary file object; got {src!r}")
-        path = os.fspath(src)
-        if path.startswith("file://"):
-            path = remote.file_url_path(path)
-        if os.path.isdir(path):
-            pattern = os.path.join(glob.escape(path), "*.tsfile")
-            found = sorted(p for p in glob.glob(pattern) if not os.path.isdir(p))
-            if not found:
-                raise TsFileFormatError(
-                    f"{path}: directory holds no *.tsfile files; point at a directory of "
-                    f"TsFiles, a file, or a glob pattern"
-                )
-            out.extend(found)
-        elif os.path.exists(path):
-            out.append(path)
-        elif glob.has_magic(path):
-            found = sorted(p for p in glob.glob(path) if not os.path.isdir(p))
-            if not found:
-                raise TsFileFormatError(f"{path}: glob pattern matches no files")
-            out.extend(found)
-        else:
-            raise TsFileFormatError(f"{path}: no such file or directory; check the path")
-    if not out:
-        raise TsFileFormatError("no sources given; pass at least one TsFile path")
-    seen: set[str] = set()
-    unique = []
-    for src in out:
-        if isinstance(src, str):
-            key = os.path.realpath(src)
-        else:
-            key = src.url if isinstance(src, remote.RemoteFile) else str(id(src))
-        if key not in seen:
-            seen.add(key)
-            unique.append(src)
-    return unique
-
-
 def _device_name(device: tuple) -> str:
     return ".".join("null" if part is None else str(part) for part in device)
 
@@ -258,49 +194,26 @@ def _stat_value(stat, prefix: str):
     return None
 
 
-def _read_metadata(name: str, source) -> tuple[dict, dict]:
+def _read_metadata(source: Source) -> tuple[dict, dict]:
     """Return tsfile's timeseries metadata and table schemas of one file (reader closed)."""
-    reader, _ = open_reader(source, "pread")
-    try:
+    with source.metadata_target() as target:
+        reader, _ = open_reader(target, "pread", check_mapped=False, name=source.name)
         try:
-            metadata = reader.get_timeseries_metadata(None)
-            schemas = reader.get_all_table_schemas()
-        except Exception as err:
-            raise TsFileFormatError(
-                f"{name}: cannot read TsFile metadata ({type(err).__name__}: {err}); the file is "
-                f"damaged or not a TsFile"
-            ) from err
-    finally:
-        reader.close()
-    return metadata, schemas
+            return native_call(
+                source.name,
+                "reading the TsFile metadata",
+                lambda: (reader.get_timeseries_metadata(None), reader.get_all_table_schemas()),
+                hint="the file is damaged or not a TsFile",
+            )
+        finally:
+            reader.close()
 
 
 def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
     """Return the file's info and (name, dtype, shard, statistic) for every field, in order."""
-    name = source_name(source)
-    if isinstance(source, remote.RemoteFile):
-        with remote.open_metadata(source) as fh:
-            metadata, schemas = _read_metadata(name, fh)
-        info = FileInfo(index, source, name, source.nbytes, 0)
-    elif isinstance(source, (str, os.PathLike)):
-        metadata, schemas = _read_metadata(name, source)
-        st = os.stat(source)
-        info = FileInfo(
-            index,
-            os.fspath(source),
-            name,
-            st.st_size,
-            st.st_mtime_ns,
-            st.st_ctime_ns,
-            st.st_ino,
-            st.st_dev,
-        )
-    else:
-        metadata, schemas = _read_metadata(name, source)
-        pos = source.tell()
-        nbytes = source.seek(0, os.SEEK_END)
-        source.seek(pos)
-        info = FileInfo(index, source, name, nbytes, 0)
+    identity = source.identity()  # before the metadata: a change after it is caught later
+    metadata, schemas = _read_metadata(source)
+    info = FileInfo(index, source, source.name, source.size(), identity)
     fields = []
     for device, group in metadata.items():
         order = {ts.measurement_name: i for i, ts in enumerate(group.timeseries)}
@@ -448,14 +361,28 @@ def _make_groups(columns: Sequence[Column]) -> tuple[ReadGroup, ...]:
     return tuple(groups)
 
 
-def _read_sources(
-    sources: Source | Sequence[Source], remote_options: remote.RemoteOptions | None
-) -> tuple[list[FileInfo], dict[str, Column]]:
-    """Return the files and every series of ``sources`` (shards in file order, not placed)."""
-    expanded = expand_sources(sources, remote_options)
+@dataclass(frozen=True)
+class SourceMetadata:
+    """Every series of some sources, from their metadata (shards in file order, not placed)."""
+
+    files: tuple[FileInfo, ...]
+    columns: dict[str, Column]
+
+    @property
+    def numeric(self) -> list[Column]:
+        return [c for c in self.columns.values() if c.dtype in NUMERIC_TYPES.values()]
+
+
+def read_metadata(sources: Sequence[Source]) -> SourceMetadata:
+    """Read the metadata of every source (one reader per file, closed before returning).
+
+    Raises:
+        TsFileFormatError: a source is not a readable TsFile, or none holds a series.
+        SchemaError: a series changes type across files.
+    """
     files: list[FileInfo] = []
     all_columns: dict[str, Column] = {}
-    for index, source in enumerate(expanded):
+    for index, source in enumerate(sources):
         info, fields = _read_file(index, source)
         files.append(info)
         for name, dtype, shard, stat in fields:
@@ -471,14 +398,10 @@ def _read_sources(
         raise TsFileFormatError(
             f"{', '.join(f.name for f in files)}: no series in the sources; the TsFiles are empty"
         )
-    return files, all_columns
+    return SourceMetadata(tuple(files), all_columns)
 
 
-def survey(
-    sources: Source | Sequence[Source],
-    columns: Sequence[str] | str | None = None,
-    remote_options: remote.RemoteOptions | None = None,
-) -> dict:
+def survey(sources: Sequence[Source], columns: Sequence[str] | str | None = None) -> dict:
     """Describe ``sources`` from metadata without laying out rows: what ``inspect`` prints.
 
     Unlike :func:`build_catalog` this does not require the columns to share one timeline; it
@@ -493,7 +416,8 @@ def survey(
     Raises:
         TsFileFormatError, SchemaError: as :func:`build_catalog`, except for timelines.
     """
-    files, all_columns = _read_sources(sources, remote_options)
+    meta = read_metadata(sources)
+    files, all_columns = meta.files, meta.columns
     selected = _select(all_columns, columns)
     keys: dict[tuple[int, int, int], list[str]] = {}
     devices: dict[str, dict] = {}
@@ -546,45 +470,64 @@ def survey(
 
 
 def build_catalog(
-    sources: Source | Sequence[Source],
+    sources,
     columns: Sequence[str] | str | None = None,
     start_time: int | None = None,
     end_time: int | None = None,
-    remote_options: remote.RemoteOptions | None = None,
+    remote_options=None,
     *,
     shared_timeline: bool = True,
 ) -> Catalog:
     """Read the metadata of ``sources`` and lay out the selected ``columns`` as rows.
 
+    ``sources`` are what :func:`tsfile_torch.sources.expand_sources` takes; the rest is
+    :func:`lay_out`'s.
+    """
+    from tsfile_torch.sources import expand_sources
+
+    meta = read_metadata(expand_sources(sources, remote_options))
+    return lay_out(meta, columns, start_time, end_time, shared_timeline=shared_timeline)
+
+
+def lay_out(
+    meta: SourceMetadata,
+    columns: Sequence[str] | str | None = None,
+    start_time: int | None = None,
+    end_time: int | None = None,
+    *,
+    shared_timeline: bool = True,
+) -> Catalog:
+    """Lay out the selected ``columns`` of ``meta`` as rows (the one time cut lives here).
+
     Args:
-        sources: paths, directories, glob patterns, URLs or binary file objects (see
-            :func:`expand_sources`).
+        meta: from :func:`read_metadata`.
         columns: ``None`` for every numeric field, else exact names or glob patterns.
         start_time, end_time: keep only rows with timestamps in ``[start_time, end_time]``
             (inclusive; ``None``: unbounded). Shards wholly inside or outside come from metadata;
             a shard the range cuts has the timestamps of its rows in range read once, to count
             them (cost ~ the rows selected; a remote file is downloaded for this).
-        remote_options: how URL sources are reached and cached (``None``: defaults).
         shared_timeline: require every selected column to have the same row count and time
             range (the row datasets need it). ``False`` keeps each column on its own timeline
-            (per-device windows): shards still get ``start_row`` along their own series, and
-            ``Catalog.num_rows`` / ``start_time`` / ``end_time`` are the largest / earliest /
-            latest over the columns.
+            (per-device windows, aligned rows): shards still get ``start_row`` along their own
+            series, and ``Catalog.num_rows`` / ``start_time`` / ``end_time`` are the largest /
+            earliest / latest over the columns.
 
     Raises:
-        TsFileFormatError: a source is missing or not a readable TsFile.
-        SchemaError: a column is unknown or not numeric, shards overlap, or the selected columns
-            do not share one timeline.
+        TsFileFormatError: a cut shard's timestamps cannot be read.
+        SchemaError: a column is unknown or not numeric, shards overlap, a column has no rows in
+            the time range, or the selected columns do not share one timeline.
     """
-    files, all_columns = _read_sources(sources, remote_options)
-    selected = _select(all_columns, columns)
+    selected = [
+        Column(c.name, c.dtype, list(c.shards), c.num_values, c.min, c.max, c.sum)
+        for c in _select(meta.columns, columns)
+    ]  # copies: the cut and the placement below change them
     if start_time is not None or end_time is not None:
-        _restrict(selected, files, start_time, end_time)
+        _restrict(selected, meta.files, start_time, end_time)
     for col in selected:
-        _place_shards(col, files)
+        _place_shards(col, meta.files)
     if shared_timeline:
         _check_timeline(selected)
-    return _layout(tuple(files), selected)
+    return _layout(meta.files, selected)
 
 
 def _layout(files: tuple[FileInfo, ...], columns: Sequence[Column]) -> Catalog:
@@ -704,22 +647,19 @@ def _restrict(
 
 def _cut(shard: Shard, info: FileInfo, lo: int, hi: int) -> Shard | None:
     """Return ``shard`` cut to ``[lo, hi]`` by reading its timestamps there; None if empty."""
-    source = remote.local_source(info.source)  # a URL: fetched now (Note: remote sources)
-    if not isinstance(source, str):
-        source.seek(0)
-    reader, _ = open_reader(source, "pread", check_mapped=False)
+    reader, _ = open_reader(info.source, "pread", check_mapped=False)
     try:
         (handle,) = prepare_handles(reader, shard.file_index, info.nbytes, info.name, [shard])
-        times = query_times(
-            reader, handle, shard.aligned, max(lo, shard.start_time), min(hi, shard.end_time)
+        times = native_call(
+            info.name,
+            f"reading the timestamps of {shard.measurement!r} in [{lo}, {hi}]",
+            query_times,
+            reader,
+            handle,
+            shard.aligned,
+            max(lo, shard.start_time),
+            min(hi, shard.end_time),
         )
-    except TsFileFormatError:
-        raise
-    except Exception as err:
-        raise TsFileFormatError(
-            f"{info.name}: cannot read the timestamps of {shard.measurement!r} "
-            f"({type(err).__name__}: {err}); the file is damaged"
-        ) from err
     finally:
         reader.close()
     if not len(times):

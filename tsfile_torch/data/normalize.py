@@ -11,10 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tsfile_torch.catalog.build import Catalog
+from tsfile_torch.options import NORMALIZE_METHODS
 
 __all__ = [
     "NORMALIZE_METHODS",
@@ -23,10 +25,6 @@ __all__ = [
     "make_normalizer",
     "series_stats",
 ]
-
-#: Names accepted by ``normalize=``: ``minmax`` maps [min, max] to [0, 1]; ``standard`` maps
-#: the mean to 0 and one standard deviation to 1.
-NORMALIZE_METHODS = ("minmax", "standard")
 
 
 class RunningMoments:
@@ -151,8 +149,8 @@ def _affine(values, shift: np.ndarray, scale: np.ndarray, inverse: bool):
 def series_stats(
     catalog: Catalog,
     names: Mapping[str, Sequence[int]],
-    exact: bool = False,
-    read_backend: str = "auto",
+    exact: bool,
+    make_reader: Callable[[Catalog], Any],
     block_rows: int = 131072,
 ) -> dict[str, dict]:
     """Return statistics per name, each over the catalog columns listed for it.
@@ -177,11 +175,9 @@ def series_stats(
         }
     if not exact:
         return out
-    from tsfile_torch.read.reader import BatchReader
-
     slot = {c: j for j, cols in enumerate(names.values()) for c in cols}
     moments = RunningMoments(len(names))
-    reader = BatchReader(catalog, read_backend, np.float64, cache_bytes=0, decode_threads=1)
+    reader = make_reader(catalog)
     try:
         for gi, group in enumerate(catalog.groups):
             wanted = [(r, slot[c]) for r, c in enumerate(group.columns) if c in slot]

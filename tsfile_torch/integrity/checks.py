@@ -2,15 +2,19 @@
 
 Two checks, both called by the reader around each native read (Note: integrity hooks):
 
-- :func:`check_unchanged` before and after every block read: one ``os.stat`` of the file, compared
-  with the size, mtime, ctime, inode and device recorded when the catalog was built (after: so
-  a block read while the file was being written is never handed out). ctime changes on every
-  write whatever ``cp -p`` or ``rsync -t`` do to mtime, and a rename over the file changes the
-  inode. A change is a :class:`TsFileFormatError` naming the file.
+- ``FileInfo.check_unchanged`` (:meth:`tsfile_torch.sources.Source.check_unchanged`) before and
+  after every native read: for a local file one ``os.stat``, compared with the size, mtime,
+  ctime, inode and device recorded when the catalog was built (after: so a block read while the
+  file was being written is never handed out). ctime changes on every write whatever ``cp -p``
+  or ``rsync -t`` do to mtime, and a rename over the file changes the inode. A change is a
+  :class:`TsFileFormatError` naming the file. A URL's local copy is immutable (keyed by the
+  object's version); file objects cannot be checked.
 - :class:`StatisticsCheck` after every decoded block: row count (the reader's own check),
   timestamps strictly increasing, the first / last timestamp and value of each series where the
   block holds the series' first / last row, every value inside the series' [min, max], and, once a
-  process has decoded every row of a series in one file, its sum. A mismatch is a
+  process has decoded every row of a series in one file, its sum. Blocks may overlap (window
+  blocks carry the tails of their windows) or come in any order (random windows): each row is
+  counted once, when it is first decoded. A mismatch is a
   :class:`TsFileFormatError` naming the file, the series and the rows.
 
 - :class:`EpochSums` in the main process, over the batches a loader hands out: when one epoch
@@ -24,62 +28,21 @@ detected. The sum check needs one process to decode all rows of a series in a fi
 DataLoader workers each worker decodes only its share, so only the other checks apply there.
 
 The reader must call (hooks, in this order, for every native read of group rows [start, stop)):
-``check_unchanged(info)`` before and after the read, ``check.block(group_index, start, times,
+``info.check_unchanged()`` before and after the read, ``check.block(group_index, start, times,
 values)`` after it, with ``values`` as ``(len(group.columns), n)`` in the output dtype (NaN for
 nulls).
 """
 
 from __future__ import annotations
 
-import os
 import threading
 
 import numpy as np
 
-from tsfile_torch.catalog.build import Catalog, FileInfo, ReadGroup
+from tsfile_torch.catalog.build import Catalog, ReadGroup
 from tsfile_torch.errors import TsFileFormatError
 
-__all__ = ["check_unchanged", "identity_of", "StatisticsCheck", "EpochSums"]
-
-
-def identity_of(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    """Return (size, mtime_ns, ctime_ns, inode, device) of a stat result."""
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-
-
-def check_unchanged(info: FileInfo) -> None:
-    """Raise if the file at ``info.source`` is not the one the catalog was built from.
-
-    File objects are not checked: tsfile may be reading through them from another thread, and
-    moving their position here would race with it.
-
-    Raises:
-        TsFileFormatError: the file was deleted, replaced, truncated, extended or written to.
-    """
-    if not isinstance(info.source, str):
-        return
-    try:
-        st = os.stat(info.source)
-    except OSError as err:
-        raise TsFileFormatError(
-            f"{info.name}: file disappeared while in use ({err}); files must not be moved or "
-            f"deleted while a dataset reads them: rebuild the dataset"
-        ) from err
-    now = identity_of(st)
-    then = (info.nbytes, info.mtime_ns, info.ctime_ns, info.inode, info.device_id)
-    if now != then:
-        what = [
-            label
-            for label, a, b in zip(
-                ("size", "mtime", "ctime", "inode", "device"), then, now, strict=True
-            )
-            if a != b
-        ]
-        raise TsFileFormatError(
-            f"{info.name}: file changed while in use ({', '.join(what)} changed; size "
-            f"{info.nbytes} -> {st.st_size}); files must not be modified, replaced or truncated "
-            f"while a dataset reads them: rebuild the dataset"
-        )
+__all__ = ["StatisticsCheck", "EpochSums"]
 
 
 class StatisticsCheck:
@@ -91,8 +54,8 @@ class StatisticsCheck:
     def __init__(self, catalog: Catalog, dtype: np.dtype):
         self.catalog = catalog
         self.dtype = np.dtype(dtype)
-        # group -> {local start: (local stop, float64 sums per column, abs sums per column)}
-        self._sums: dict[int, dict[int, tuple[int, np.ndarray, np.ndarray]]] = {}
+        # group -> rows counted so far: (local start, stop, float64 sums, abs sums per column)
+        self._sums: dict[int, list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
         self._summed: set[int] = set()
         self._lock = threading.Lock()
         #: groups whose sum was verified over a whole pass (a test reads it)
@@ -203,23 +166,35 @@ class StatisticsCheck:
             self._add_sum_locked(*args)
 
     def _add_sum_locked(self, gi, group: ReadGroup, start: int, stop: int, values, bound) -> None:
-        sums = values.sum(axis=1, dtype=np.float64)
-        for k in np.flatnonzero(np.isnan(sums)):
-            sums[k] = np.nansum(values[k], dtype=np.float64)
-        abs_sums = np.nan_to_num(bound)  # an upper bound of the sum of |values|
-        pieces = self._sums.setdefault(gi, {})
-        pieces[start] = (stop, sums, abs_sums)
-        # follow the chain of pieces from row 0; complete when it reaches the last row
-        pos, total, total_abs, used = 0, 0.0, 0.0, []
-        while pos in pieces and pos < group.num_rows:
-            nxt, s, a = pieces[pos]
-            total, total_abs = total + s, total_abs + a
-            used.append(pos)
-            pos = nxt
-        if pos != group.num_rows:
+        # rows [start, stop) not counted yet: the parts of it no earlier piece covers
+        pieces = self._sums.setdefault(gi, [])  # (start, stop, sums, abs sums), by start
+        fresh, pos = [], start
+        for a, b, _, _ in pieces:
+            if b <= pos:
+                continue
+            if a >= stop:
+                break
+            if a > pos:
+                fresh.append((pos, a))
+            pos = b
+            if pos >= stop:
+                break
+        if pos < stop:
+            fresh.append((pos, stop))
+        per_row = np.nan_to_num(bound) / max(stop - start, 1)  # bound of |value| per row
+        for a, b in fresh:
+            part = values[:, a - start : b - start]
+            sums = part.sum(axis=1, dtype=np.float64)
+            for k in np.flatnonzero(np.isnan(sums)):
+                sums[k] = np.nansum(part[k], dtype=np.float64)
+            pieces.append((a, b, sums, per_row * (b - a)))
+        pieces.sort(key=lambda piece: piece[0])
+        if sum(b - a for a, b, _, _ in pieces) != group.num_rows:
             return
         del self._sums[gi]
         self._summed.add(gi)
+        total = np.sum([s for _, _, s, _ in pieces], axis=0)
+        total_abs = np.sum([a for _, _, _, a in pieces], axis=0)
         # tolerance: rounding to the output dtype, plus tsfile's and our float64 summation in
         # different orders (~sqrt(n) roundings, 4x margin): damage smaller than this is missed
         eps = float(np.finfo(self.dtype).eps) if self.dtype.kind == "f" else 0.0

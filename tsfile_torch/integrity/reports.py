@@ -1,41 +1,35 @@
-"""DataLoader workers that cannot die or stall unexplained, nor outlive their parent.
+"""Worker reports: a DataLoader worker that dies or stalls is named, with what it was reading.
 
 Note: worker reports. Each dataset owns a small shared-memory table, one slot per DataLoader
 worker. Before every native read a worker writes ``pid`` and what it reads ("file X: device D,
 rows [a, b)") into its slot, and clears it after. When the DataLoader reports a dead worker
 ("exited unexpectedly", "killed by signal") or times out, the loader made by
 :func:`tsfile_torch.make_loader` reads the slots and raises :class:`WorkerError` naming the file
-and rows that were being read. A worker also asks the kernel to send it SIGTERM when the process
-that started it dies (Linux ``prctl(PR_SET_PDEATHSIG)``): a worker stuck in native code never
-polls its parent, and SIGTERM ends it there (the kernel sends it when the *thread* that started
-the worker exits; DataLoaders are iterated from a long-lived thread in practice).
+and rows that were being read, with the worker's fatal-signal report when it left one (see
+:mod:`tsfile_torch.process`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import faulthandler
 import os
 import re
 import signal
-import threading
-import weakref
+import tempfile
 from multiprocessing import sharedctypes
 
 from tsfile_torch.errors import WorkerError
 
-__all__ = [
-    "ReadSlots",
-    "die_with_parent",
-    "disable_crash_report",
-    "enable_crash_report",
-    "explain_worker_failure",
-    "reading",
-]
+__all__ = ["ReadSlots", "crash_report_path", "crash_reports", "explain_worker_failure"]
 
 _SLOT_BYTES = 400
 _NUM_SLOTS = 64
-_PR_SET_PDEATHSIG = 1
+
+
+def crash_report_path(pid: int) -> str:
+    """Return where worker ``pid`` writes its fatal-signal report (Note: fatal-signal report)."""
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return os.path.join(tempfile.gettempdir(), f"tsfile-torch-crash-{uid}-{pid}.txt")
 
 
 class ReadSlots:
@@ -60,30 +54,6 @@ class ReadSlots:
                 pid, _, what = text.decode(errors="replace").partition("|")
                 out[int(pid)] = what
         return out
-
-
-_DEATH_SIGNAL_SET: int | None = None
-
-
-def die_with_parent() -> bool:
-    """Ask Linux to send SIGTERM to this process when its parent dies (once per process).
-
-    Returns:
-        True where ``prctl`` is available (Linux glibc), else False.
-    """
-    global _DEATH_SIGNAL_SET
-    if _DEATH_SIGNAL_SET == os.getpid():
-        return True
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) != 0:
-            return False
-    except (OSError, AttributeError):
-        return False
-    _DEATH_SIGNAL_SET = os.getpid()
-    if os.getppid() == 1:  # the parent died before prctl: we were re-parented to init
-        os.kill(os.getpid(), signal.SIGTERM)
-    return True
 
 
 _DEATH = re.compile(r"exited unexpectedly|killed by signal|timed out after")
@@ -135,86 +105,39 @@ def explain_worker_failure(
     found = re.search(r"\(pids?(?:\(s\))? ([\d, ]+)\)", message)
     pids = {int(p) for p in re.findall(r"\d+", found.group(1))} if found else set()
     named = {p: w for p, w in reads.items() if not pids or p in pids} or reads
+    timed_out = "timed out" in message
     if named:
         what = "; ".join(f"worker pid {p} was reading {w}" for p, w in sorted(named.items()))
+        hint = (
+            "a read took longer than the loader's timeout: the file may be damaged (check it "
+            "with `tsfile-torch verify PATH`) or the machine overloaded (raise timeout=)"
+            if timed_out
+            else "the worker died inside tsfile's native reader: the file is probably damaged "
+            "or was truncated while memory-mapped; check it with `tsfile-torch verify PATH`"
+        )
     else:
-        what = "no worker was inside a native read (the failure is not in tsfile's reader)"
-    timed_out = "timed out" in message
-    hint = (
-        "a read took longer than the loader's timeout: the file may be damaged (check it with "
-        "`tsfile-torch verify PATH`) or the machine overloaded (raise timeout=)"
-        if timed_out
-        else "the worker died inside tsfile's native reader: the file is probably damaged or "
-        "was truncated while memory-mapped; check it with `tsfile-torch verify PATH`"
-    )
-    return WorkerError(f"{message.strip()}: {what}; {hint}")
+        what = "no worker was inside a native read"
+        hint = (
+            "the stall is not in tsfile's reader (raise timeout= if the machine is overloaded)"
+            if timed_out
+            else "the failure is not in tsfile's reader: look for an out-of-memory kill or a "
+            "signal sent to the worker"
+        )
+    report = crash_reports(pids or set(named)) if not timed_out else ""
+    return WorkerError(f"{message.strip()}: {what}; {hint}{report}")
 
 
-_CRASH_REPORT = True
-_FRAME = "def _reading(fn, args):\n    return fn(*args)\n"
-
-
-def enable_crash_report() -> bool:
-    """Turn on ``faulthandler`` (stderr) unless switched off or already on; return if it is on."""
-    if _CRASH_REPORT and not faulthandler.is_enabled():
+def crash_reports(pids) -> str:
+    """Return the fatal-signal reports the workers ``pids`` left (Note: fatal-signal report)."""
+    out = []
+    for pid in sorted(pids):
+        path = crash_report_path(pid)
         try:
-            faulthandler.enable()
-        except (RuntimeError, ValueError, OSError):  # no usable stderr
-            return False
-    return faulthandler.is_enabled()
-
-
-def disable_crash_report() -> None:
-    """Leave ``faulthandler`` alone from now on in this process (Note: fatal-signal report)."""
-    global _CRASH_REPORT
-    _CRASH_REPORT = False
-
-
-def reading(what: str, fn, *args):
-    """Return ``fn(*args)``, called in a frame that names ``what`` in a fatal-signal report."""
-    if not faulthandler.is_enabled():
-        return fn(*args)
-    namespace: dict = {}
-    exec(compile(_FRAME, f"<tsfile-torch was reading {what}>", "exec"), namespace)
-    return namespace["_reading"](fn, args)
-
-
-#: read slots of the datasets whose loaders are being iterated (for the SIGCHLD path)
-_LIVE_SLOTS: weakref.WeakSet = weakref.WeakSet()
-
-
-class _AllSlots:
-    def read_all(self) -> dict[int, str]:
-        out: dict[int, str] = {}
-        for slots in list(_LIVE_SLOTS):
-            out.update(slots.read_all())
-        return out
-
-
-def watch_worker_deaths(slots: ReadSlots | None) -> None:
-    """Make torch's SIGCHLD error a WorkerError naming the read in progress.
-
-    torch's DataLoader raises "worker ... is killed by signal" from a SIGCHLD handler, so the
-    error may surface anywhere in the main thread, outside the loader's ``__next__``. This wraps
-    that handler (once per process, main thread only, chaining to it) so the error raised is a
-    :class:`WorkerError` naming the file and rows.
-    """
-    if slots is not None:
-        _LIVE_SLOTS.add(slots)
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "SIGCHLD"):
-        return
-    previous = signal.getsignal(signal.SIGCHLD)
-    if not callable(previous) or getattr(previous, "_tsfile_torch", False):
-        return
-
-    def handler(signum, frame):
-        try:
-            previous(signum, frame)
-        except RuntimeError as err:
-            better = explain_worker_failure(err, _AllSlots())
-            if better is None:
-                raise
-            raise better from err
-
-    handler._tsfile_torch = True
-    signal.signal(signal.SIGCHLD, handler)
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                text = fh.read().strip()
+            os.unlink(path)
+        except OSError:
+            continue
+        if text:
+            out.append(f"\n--- worker pid {pid} fatal-signal report ---\n{text}")
+    return "".join(out)

@@ -19,19 +19,22 @@ forked children can read TsFiles (:mod:`tsfile_torch.native.forkfix`), else a fr
 
 from __future__ import annotations
 
+import contextlib
+import faulthandler
 import json
 import os
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tsfile_torch.errors import TsFileFormatError
-from tsfile_torch.native.backend import Source, source_name
 from tsfile_torch.native.forkfix import fork_safe
+from tsfile_torch.sources import Source
 
 __all__ = ["MODES", "FileProblem", "validate_sources", "check_sources"]
 
@@ -59,8 +62,8 @@ def _file_timeout(source: Source, mode: str) -> float:
     if mode == "headers":
         return HEADERS_TIMEOUT_S
     try:
-        size = os.path.getsize(source) if isinstance(source, (str, os.PathLike)) else 0
-    except OSError:
+        size = source.size()
+    except (OSError, ValueError):
         size = 0
     return HEADERS_TIMEOUT_S + size / 2e6  # a generous 2 MB/s of decoding
 
@@ -74,7 +77,7 @@ def _check_headers(source: Source) -> None:
 
     catalog = build_catalog([source], shared_timeline=False)
     info = catalog.files[0]
-    reader, _ = open_reader(source, "pread")
+    reader, _ = open_reader(source, "pread", check_mapped=False)
     try:
         for group in catalog.groups:
             handles = prepare_handles(reader, 0, info.nbytes, info.name, group.shards)
@@ -134,17 +137,32 @@ def _child(sources: Sequence[Source], mode: str, fd: int) -> None:
         reason = None
         try:
             check(source)
-        except Exception as err:  # noqa: BLE001 - every failure is reported by name
+        except Exception as err:  # noqa: BLE001 - in the child, any failure is this file's
             text = str(err)
-            prefix = f"{source_name(source)}: "
+            prefix = f"{source.name}: "
             reason = text[len(prefix) :] if text.startswith(prefix) else text
             if not isinstance(err, TsFileFormatError):
                 reason = f"{type(err).__name__}: {reason}"
         os.write(fd, (json.dumps({"i": i, "reason": reason}) + "\n").encode())
 
 
-def _main() -> None:  # the fresh-interpreter child: python -c "...; _main()" MODE PATH...
-    _child(sys.argv[2:], sys.argv[1], sys.stdout.fileno())
+def _main() -> None:  # the fresh-interpreter child: python -c "...; _main()" < pickled job
+    import pickle
+
+    mode, sources = pickle.load(sys.stdin.buffer)
+    _child(sources, mode, sys.stdout.fileno())
+
+
+def can_fork() -> bool:
+    """Return whether a validation child may be a fork of this process.
+
+    Only where forked children can read TsFiles (:mod:`tsfile_torch.native.forkfix`) and no
+    other Python thread runs: a Python thread may hold a lock the child would need. Native
+    threads (tsfile's pool, OpenMP, CUDA) are left behind safely: the child runs only tsfile's
+    reader, whose pool the fork fix rebuilds, and pure-Python checks, then exits with
+    ``os._exit``.
+    """
+    return fork_safe() and threading.active_count() == 1
 
 
 # -- in the parent ------------------------------------------------------------------------
@@ -152,7 +170,7 @@ class _Child:
     def __init__(self, sources: Sequence[Source], mode: str):
         self.proc = None
         self.pid = None
-        if fork_safe():
+        if can_fork():
             read_fd, write_fd = os.pipe()
             pid = os.fork()
             if pid == 0:  # child: never returns
@@ -160,6 +178,7 @@ class _Child:
                 try:
                     os.close(read_fd)
                     signal.signal(signal.SIGINT, signal.SIG_DFL)
+                    faulthandler.disable()  # a crash here is reported by the parent, by name
                     _child(sources, mode, write_fd)
                 except BaseException:  # noqa: BLE001
                     code = 1
@@ -168,11 +187,15 @@ class _Child:
             os.close(write_fd)
             self.pid, self.fd = pid, read_fd
         else:
+            import pickle
+
             self.proc = subprocess.Popen(
-                [sys.executable, "-c", _CHILD_MAIN, mode]
-                + [os.fspath(s) for s in sources],
+                [sys.executable, "-c", _CHILD_MAIN],
+                stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
             )
+            with self.proc.stdin:
+                pickle.dump((mode, list(sources)), self.proc.stdin)
             self.fd = self.proc.stdout.fileno()
         self.buffer = b""
 
@@ -225,14 +248,20 @@ def validate_sources(
     """Check ``sources`` in child processes; return one :class:`FileProblem` per bad file.
 
     Args:
-        sources: file paths (file objects are skipped: a forked child would share their
-            position with this process).
+        sources: sources of any kind (a file object is checked through a temporary copy where
+            the child is a fresh interpreter).
         mode: ``"headers"`` or ``"full"`` (see the module docstring).
         timeout: seconds one file may take; ``None`` for a default by mode and file size.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
-    todo = [s for s in sources if isinstance(s, (str, os.PathLike))]  # not file objects
+    with contextlib.ExitStack() as stack:
+        if not can_fork():  # a fresh interpreter opens what it is given by value
+            sources = [stack.enter_context(s.for_child()) for s in sources]
+        return _validate(list(sources), mode, timeout)
+
+
+def _validate(todo: list[Source], mode: str, timeout: float | None) -> list[FileProblem]:
     problems: list[FileProblem] = []
     while todo:
         child = _Child(todo, mode)
@@ -245,7 +274,7 @@ def validate_sources(
                     break
                 if "reason" in msg:
                     if msg["reason"] is not None:
-                        problems.append(FileProblem(source_name(todo[msg["i"]]), msg["reason"]))
+                        problems.append(FileProblem(todo[msg["i"]].name, msg["reason"]))
                     current, done_upto = None, msg["i"] + 1
                 else:
                     current = msg["i"]
@@ -254,7 +283,7 @@ def validate_sources(
             child.end()
             problems.append(
                 FileProblem(
-                    source_name(todo[current or 0]),
+                    todo[current or 0].name,
                     f"tsfile's reader made no progress on this file for {limit:.0f} s (killed); "
                     f"the file is damaged",
                 )
@@ -265,7 +294,7 @@ def validate_sources(
         if current is not None:  # the child died while on this file
             problems.append(
                 FileProblem(
-                    source_name(todo[current]),
+                    todo[current].name,
                     f"tsfile's native reader crashed on this file ({ended}) while "
                     f"{_DOING[mode]}; the file is damaged or not a TsFile",
                 )

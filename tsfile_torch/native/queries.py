@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.native.errors import native_call
 
 __all__ = ["prepare_handles", "query", "query_times"]
 
@@ -38,13 +38,15 @@ def prepare_handles(reader, file_index: int, nbytes: int, name: str, shards: Seq
             shard.time_offset,
             shard.time_length,
         )
-        try:
-            handle = reader.prepare_series(locator, time_owner=owner, trust_index=True)
-        except Exception as err:
-            raise TsFileFormatError(
-                f"{name}: cannot prepare series {shard.measurement!r} of device "
-                f"{'.'.join(map(str, shard.device))} ({type(err).__name__}: {err})"
-            ) from err
+        handle = native_call(
+            name,
+            f"preparing series {shard.measurement!r} of device {'.'.join(map(str, shard.device))}",
+            reader.prepare_series,
+            locator,
+            hint="the file's metadata is damaged",
+            time_owner=owner,
+            trust_index=True,
+        )
         if shard.aligned and owner is None:
             owner = handle
         handles.append(handle)

@@ -1,30 +1,29 @@
-"""Time alignment of series with different timestamps: pure numpy functions, no I/O.
+"""Rows aligned on time across columns with different timestamps (``align="union"|"intersect"``).
 
-Rows of an aligned view are the union (or intersection) of the series' timestamps, in time order.
-A series with no sample at a row gets its fill: ``"nan"``, ``"ffill"`` (the last earlier sample,
-NaN before the first) or ``"zero"``.
+The one alignment of the package: the row datasets align all their columns, the window dataset
+the fields of each device. A timeline is the time column a set of columns shares: all selected
+fields of one aligned (table-model) device of a file, or one non-aligned (tree-model) series.
+:meth:`Alignment.build` reads every timeline's timestamps once (one pass over one column of each
+timeline, in the building process) and keeps the aligned rows ``times`` (the union or the
+intersection): ``8 * rows`` bytes per timeline, pickled into workers with the dataset. Reading
+aligned rows ``[a, b)`` then reads, per timeline, only its samples with timestamps in
+``[times[a], times[b - 1]]`` (one earlier sample for ``fill="ffill"``) and places them with
+:func:`align_to`. A column with no sample at a row gets its fill: ``"nan"``, ``"ffill"`` (the
+last earlier sample, NaN before the first) or ``"zero"``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["ALIGN_MODES", "FILL_MODES", "align_to", "aligned_times", "check_align"]
+from tsfile_torch.catalog.build import Catalog, subset_catalog
+from tsfile_torch.errors import SchemaError
+from tsfile_torch.read.reader import BatchReader
 
-#: How the rows of an aligned view are chosen; ``None`` (not listed) means "one shared timeline".
-ALIGN_MODES = ("union", "intersect")
-#: What a series holds at an aligned row where it has no sample.
-FILL_MODES = ("nan", "ffill", "zero")
-
-
-def check_align(align, fill) -> None:
-    """Raise ``ValueError`` unless ``align`` / ``fill`` are allowed values."""
-    if align is not None and align not in ALIGN_MODES:
-        raise ValueError(f"align must be None, 'union' or 'intersect'; got {align!r}")
-    if fill not in FILL_MODES:
-        raise ValueError(f"fill must be one of 'nan', 'ffill', 'zero'; got {fill!r}")
+__all__ = ["Alignment", "align_to", "aligned_times", "timelines_of"]
 
 
 def aligned_times(times: Sequence[np.ndarray], align: str) -> np.ndarray:
@@ -44,8 +43,8 @@ def align_to(target: np.ndarray, times: np.ndarray, values: np.ndarray, fill: st
         target: increasing int64 timestamps of the output rows.
         times: increasing int64 timestamps of the series' samples.
         values: the samples, one per timestamp.
-        fill: what rows without a sample get (see :data:`FILL_MODES`). For ``"ffill"`` the
-            caller passes the sample before ``target[0]`` too when there is one.
+        fill: ``"nan"``, ``"ffill"`` or ``"zero"`` for rows without a sample. For ``"ffill"``
+            the caller passes the sample before ``target[0]`` too when there is one.
     """
     if fill == "ffill":
         if not len(times):
@@ -60,3 +59,111 @@ def align_to(target: np.ndarray, times: np.ndarray, values: np.ndarray, fill: st
     hit[hit] = times[idx[hit]] == target[hit]
     out[hit] = values[idx[hit]]
     return out
+
+
+def timelines_of(catalog: Catalog, columns: Sequence[int]) -> dict[tuple, list[int]]:
+    """Return timeline key -> the columns of ``columns`` on it (in order of first appearance)."""
+    members: dict[tuple, list[int]] = {}
+    for c in columns:
+        shard = catalog.columns[c].shards[0]
+        key = ("device", shard.device) if shard.aligned else ("series", c)
+        members.setdefault(key, []).append(c)
+    return members
+
+
+@dataclass
+class _Timeline:
+    columns: tuple[int, ...]  # positions in the alignment's output
+    catalog_columns: tuple[int, ...]  # the same columns in the catalog
+    times: np.ndarray  # int64 timestamps of its rows
+
+
+class Alignment:
+    """Aligned rows of some catalog columns whose timestamps differ. Picklable, no handles.
+
+    Attributes:
+        columns: the catalog columns, in output order.
+        times: the aligned rows' timestamps.
+    """
+
+    def __init__(self, columns: tuple[int, ...], timelines: list[_Timeline], align: str, fill):
+        self.columns = columns
+        self.timelines = timelines
+        self.align = align
+        self.fill = fill
+        self.times = aligned_times([t.times for t in timelines], align)
+
+    @property
+    def num_rows(self) -> int:
+        return len(self.times)
+
+    @property
+    def identical(self) -> bool:
+        """True if every timeline has exactly the aligned timestamps (positional rows suffice)."""
+        return all(np.array_equal(t.times, self.times) for t in self.timelines)
+
+    @classmethod
+    def build(
+        cls,
+        catalog: Catalog,
+        columns: Sequence[int],
+        align: str,
+        fill: str,
+        make_reader: Callable[[Catalog], BatchReader],
+    ) -> Alignment:
+        """Read every timeline's timestamps (through one of its columns) and align them.
+
+        ``make_reader(catalog)`` opens a reader with the dataset's settings; it is closed here.
+        """
+        members = timelines_of(catalog, columns)
+        out_pos = {c: i for i, c in enumerate(columns)}
+        # one column per timeline is enough to read its time column: decode no other values
+        probe = subset_catalog(
+            catalog, [catalog.columns[cols[0]].name for cols in members.values()]
+        )
+        reader = make_reader(probe)
+        timelines = []
+        try:
+            for k, cols in enumerate(members.values()):
+                view = reader.view((k,))
+                times = np.concatenate(
+                    [
+                        reader.read(a, min(a + (1 << 20), view.num_rows), view=view)[1]
+                        for a in range(0, view.num_rows, 1 << 20)
+                    ]
+                )
+                timelines.append(_Timeline(tuple(out_pos[c] for c in cols), tuple(cols), times))
+        finally:
+            reader.close()
+        out = cls(tuple(columns), timelines, align, fill)
+        if not out.num_rows:
+            names = [catalog.columns[c].name for c in columns[:6]]
+            raise SchemaError(
+                f"align={align!r}: columns {names} share no timestamp, so there are no rows; "
+                f"use align='union' or select overlapping columns"
+            )
+        return out
+
+    def read(self, reader: BatchReader, start_row: int, stop_row: int):
+        """Return aligned rows ``[start_row, stop_row)``: values ``(n, columns)``, timestamps."""
+        if not 0 <= start_row < stop_row <= self.num_rows:
+            raise ValueError(
+                f"row range [{start_row}, {stop_row}) is outside the dataset's "
+                f"{self.num_rows} aligned rows or empty"
+            )
+        target = self.times[start_row:stop_row]
+        out = np.empty((len(target), len(self.columns)), dtype=reader.dtype)
+        for timeline in self.timelines:
+            own = timeline.times
+            lo = int(np.searchsorted(own, target[0], side="left"))
+            hi = int(np.searchsorted(own, target[-1], side="right"))
+            if self.fill == "ffill" and lo > 0:
+                lo -= 1
+            if lo < hi:
+                values, times = reader.read(lo, hi, view=reader.view(timeline.catalog_columns))
+            else:
+                times = np.empty(0, np.int64)
+                values = np.empty((0, len(timeline.columns)), dtype=reader.dtype)
+            for k, c in enumerate(timeline.columns):
+                out[:, c] = align_to(target, times, values[:, k], self.fill)
+        return out, target.copy()

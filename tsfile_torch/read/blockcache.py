@@ -36,10 +36,13 @@ class BlockCache:
     Args:
         capacity: bytes of blocks kept; a block larger than that is never stored.
         dtype: dtype of the value buffers handed out by :meth:`buffers`.
+        recycle: keep evicted blocks' memory for :meth:`buffers` (only for caches whose blocks
+            come from :meth:`buffers`).
     """
 
-    def __init__(self, capacity: int, dtype):
+    def __init__(self, capacity: int, dtype, recycle: bool = True):
         self.capacity = capacity
+        self.recycle_evicted = recycle
         self.dtype = np.dtype(dtype)
         self.nbytes = 0
         self._blocks: OrderedDict[object, Block] = OrderedDict()
@@ -69,7 +72,8 @@ class BlockCache:
         while self.nbytes > self.capacity:
             _, old = self._blocks.popitem(last=False)
             self.nbytes -= old.nbytes
-            self.recycle(old)
+            if self.recycle_evicted:
+                self.recycle(old)
 
     def buffers(self, k: int, n: int) -> Block:
         """Return a block of ``k`` x ``n`` values to fill: a recycled one if there is one."""
@@ -88,7 +92,7 @@ class BlockCache:
 
     def clear(self, drop_buffers: bool = False) -> None:
         """Drop every block (keeping their buffers for reuse unless ``drop_buffers``)."""
-        if not drop_buffers:
+        if not drop_buffers and self.recycle_evicted:
             for block in self._blocks.values():
                 self.recycle(block)
         self._blocks.clear()

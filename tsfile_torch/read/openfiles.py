@@ -21,48 +21,16 @@ from collections.abc import Sequence
 
 from tsfile_torch.catalog.build import FileInfo, ReadGroup
 from tsfile_torch.native.backend import mapped_paths, open_reader
+from tsfile_torch.native.errors import NATIVE_ERRORS
+from tsfile_torch.native.malloc import tune_malloc
 from tsfile_torch.native.queries import prepare_handles
-from tsfile_torch.sources.remote import local_path, local_source
 
-__all__ = ["DEFAULT_MAX_OPEN_FILES", "OpenFiles", "tune_malloc"]
+__all__ = ["DEFAULT_MAX_OPEN_FILES", "OpenFiles"]
 
 logger = logging.getLogger(__name__)
 
 #: Readers kept open per process by default: far below the usual ``ulimit -n`` of 1024.
 DEFAULT_MAX_OPEN_FILES = 128
-
-_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
-_TUNED_PID: int | None = None
-
-
-def tune_malloc() -> bool:
-    """Keep glibc from returning decode buffers to the OS between queries (once per process).
-
-    tsfile decodes into freshly allocated native buffers; with glibc's defaults, buffers over
-    the dynamic mmap threshold are unmapped on free and page-faulted in again on the next query.
-    ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` (what the
-    ``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables do) took a
-    streaming epoch of the reference workload from 0.17 s to 0.10 s here. The cost: up to 1 GiB
-    of freed heap may stay in the process instead of going back to the OS.
-
-    Returns:
-        True if applied (glibc), False where mallopt is unavailable.
-    """
-    global _TUNED_PID
-    if _TUNED_PID == os.getpid():
-        return True
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6")
-        ok = libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20) == 1
-        ok = libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30) == 1 and ok
-    except (OSError, AttributeError):
-        return False
-    if ok:
-        _TUNED_PID = os.getpid()
-        logger.debug("glibc malloc tuned for tsfile decoding (pid %d)", _TUNED_PID)
-    return ok
 
 
 class OpenFiles:
@@ -117,11 +85,8 @@ class OpenFiles:
             if self.malloc_tuning:
                 tune_malloc()
             info = self.files[file_index]
-            source = local_source(info.source)  # a URL: its local copy (Note: remote sources)
-            if not isinstance(source, str):
-                source.seek(0)
             check = self.read_backend == "mmap" and not self._mapping_checked
-            reader, _ = open_reader(source, self.read_backend, check_mapped=check)
+            reader, _ = open_reader(info.source, self.read_backend, check_mapped=check)
             self._mapping_checked = self._mapping_checked or check
             self.open_count += 1
             self._readers[file_index] = reader
@@ -147,7 +112,7 @@ class OpenFiles:
         self._handles.pop(file_index, None)
         try:
             reader.close()
-        except Exception:  # noqa: BLE001 - closing is best effort
+        except NATIVE_ERRORS:  # closing is best effort: the file may be gone or damaged
             logger.debug("closing %s failed", self.files[file_index].name, exc_info=True)
 
     def close(self) -> None:
@@ -166,11 +131,11 @@ class OpenFiles:
         mapped = mapped_paths()
         out = {}
         for i in open_files:
-            source = local_path(self.files[i].source)
-            if self.read_backend == "pread" or not isinstance(source, str):
+            path = self.files[i].source.mapped_path()
+            if self.read_backend == "pread" or path is None:
                 out[i] = "pread"
             elif mapped is None:
                 out[i] = self.read_backend
             else:
-                out[i] = "mmap" if os.path.realpath(source) in mapped else "pread"
+                out[i] = "mmap" if path in mapped else "pread"
         return out

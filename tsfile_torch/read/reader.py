@@ -29,20 +29,20 @@ import pyarrow.compute as pc
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
 from tsfile_torch.errors import SchemaError, TsFileFormatError
-from tsfile_torch.integrity.checks import StatisticsCheck, check_unchanged
-from tsfile_torch.integrity.reports import reading
+from tsfile_torch.integrity.checks import StatisticsCheck
+from tsfile_torch.native.errors import native_call
 from tsfile_torch.native.queries import query, query_times
 from tsfile_torch.read.blockcache import Block, BlockCache
-from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles, tune_malloc
+from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles
 from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
 
 __all__ = [
     "BatchReader",
     "DEFAULT_BLOCK_ROWS",
     "DEFAULT_CACHE_CAP",
+    "RowView",
     "cache_cap",
     "default_cache_bytes",
-    "tune_malloc",
 ]
 
 logger = logging.getLogger(__name__)
@@ -91,11 +91,13 @@ class _Plan:
 class _Segments:
     """Which groups cover which rows: per-batch work grows with the groups a batch touches only."""
 
-    def __init__(self, groups: tuple[ReadGroup, ...], ref_groups: set[int]):
-        bounds = sorted({g.start_row for g in groups} | {g.stop_row for g in groups})
+    def __init__(self, groups: dict[int, ReadGroup], ref_groups: set[int]):
+        bounds = sorted(
+            {g.start_row for g in groups.values()} | {g.stop_row for g in groups.values()}
+        )
         self.bounds = np.asarray(bounds, dtype=np.int64)
         members: list[list[int]] = [[] for _ in range(max(len(bounds) - 1, 0))]
-        for gi, g in enumerate(groups):
+        for gi, g in groups.items():
             lo = int(np.searchsorted(self.bounds, g.start_row))
             hi = int(np.searchsorted(self.bounds, g.stop_row))
             for s in range(lo, hi):
@@ -119,6 +121,44 @@ class _Segments:
         return max((len(m) for m in self.members), default=0)
 
 
+class RowView:
+    """Some columns of a catalog that share one row numbering (all of them, or one device's).
+
+    The row datasets read one view of every column; the window dataset one view per device.
+    Every read group holding a column of the view must hold only columns of the view (groups
+    are one device of one file, so any set of whole devices qualifies).
+
+    Attributes:
+        columns: catalog column indices, in output order.
+        num_rows: rows of the view (its first column's).
+    """
+
+    def __init__(self, catalog: Catalog, columns: tuple[int, ...]):
+        self.columns = tuple(columns)
+        where = {c: i for i, c in enumerate(self.columns)}
+        self.groups = {
+            gi: g for gi, g in enumerate(catalog.groups) if set(g.columns) & set(self.columns)
+        }
+        for gi, g in self.groups.items():
+            if not set(g.columns) <= set(self.columns):
+                raise ValueError(f"read group {gi} holds columns outside the view")
+        self.num_rows = catalog.columns[self.columns[0]].num_rows
+        #: groups that hold the view's first column: they give each row's timestamp
+        self.ref_groups = {gi for gi, g in self.groups.items() if self.columns[0] in g.columns}
+        self.segments = _Segments(self.groups, self.ref_groups)
+        self.targets = {
+            gi: _target(tuple(where[c] for c in g.columns)) for gi, g in self.groups.items()
+        }
+        # a group whose rows are exactly those of a timestamp group: its blocks are verified
+        # against that group's block once, not batch by batch
+        spans = {(self.groups[i].start_row, self.groups[i].num_rows): i for i in self.ref_groups}
+        self.twin = {
+            gi: spans.get((g.start_row, g.num_rows))
+            for gi, g in self.groups.items()
+            if gi not in self.ref_groups
+        }
+
+
 class BatchReader:
     """Read row ranges of a :class:`~tsfile_torch.catalog.build.Catalog` through open readers.
 
@@ -130,7 +170,8 @@ class BatchReader:
             batch touches would not fit ``cache_bytes``).
         cache_bytes: budget of the decoded-block cache; ``None`` for
             :func:`default_cache_bytes`, ``0`` to decode exactly the rows asked for.
-        malloc_tuning: apply :func:`tune_malloc` before the first open.
+        malloc_tuning: apply :func:`tsfile_torch.native.malloc.tune_malloc` before the first
+            open.
         decode_threads: groups decoded at once (tsfile's native read releases the GIL).
         max_open_files: readers open at once in this process.
         index_dir: directory caching timeline indexes across processes and runs (``None``:
@@ -164,28 +205,15 @@ class BatchReader:
         if cache_bytes is None:
             cache_bytes = default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
         self.cache = BlockCache(cache_bytes, self.dtype)
-        self._ref_groups = {i for i, g in enumerate(catalog.groups) if 0 in g.columns}
-        self._segments = _Segments(catalog.groups, self._ref_groups)
-        self._targets = [_target(g.columns) for g in catalog.groups]
-        # a group whose rows are exactly those of a timestamp group: its blocks are verified
-        # against that group's block once, not batch by batch
-        spans = {
-            (catalog.groups[i].start_row, catalog.groups[i].num_rows): i for i in self._ref_groups
-        }
-        self._twin = {
-            gi: spans.get((g.start_row, g.num_rows))
-            for gi, g in enumerate(catalog.groups)
-            if gi not in self._ref_groups
-        }
+        self._views: dict[tuple[int, ...], RowView] = {}
+        #: The view of every column, in catalog order (what the row datasets read).
+        self.full = self.view(tuple(range(len(catalog.columns))))
         #: Rows per decoded block actually used (see the module notes).
         self.block_rows = self._fit_block_rows(block_rows)
         self._clip = (0, catalog.num_rows)
         self._indexes: dict[int, TimeIndex] = {}
         #: Rows decoded by native queries, summed over groups (what caches save).
         self.decoded_rows = 0
-        self._matrix: np.ndarray | None = None
-        self._matrix_times: np.ndarray | None = None
-        self._filled: np.ndarray | None = None
         # Note: integrity hooks (tsfile_torch.integrity.checks)
         self.statistics = StatisticsCheck(catalog, self.dtype) if check_statistics else None
         #: called with a description of each native read before it starts, and with None after
@@ -195,7 +223,7 @@ class BatchReader:
     def _fit_block_rows(self, block_rows: int) -> int:
         if not self.cache.capacity:
             return block_rows
-        row_bytes = len(self.catalog.columns) * self.dtype.itemsize + 8 * self._segments.widest
+        row_bytes = len(self.catalog.columns) * self.dtype.itemsize + 8 * self.full.segments.widest
         fit = self.cache.capacity // (2 * max(row_bytes, 1))
         if fit >= block_rows:
             return block_rows
@@ -236,6 +264,13 @@ class BatchReader:
     def cached_bytes(self) -> int:
         return self.cache.nbytes
 
+    def view(self, columns: tuple[int, ...]) -> RowView:
+        """Return the :class:`RowView` of catalog columns ``columns`` (made once per reader)."""
+        found = self._views.get(columns)
+        if found is None:
+            found = self._views[columns] = RowView(self.catalog, columns)
+        return found
+
     def close(self) -> None:
         """Close every reader and drop decoded blocks (timeline indexes are kept)."""
         if self._pool is not None:
@@ -243,7 +278,6 @@ class BatchReader:
             self._pool = None
         self.files.close()
         self.cache.clear(drop_buffers=True)
-        self._matrix = self._matrix_times = self._filled = None
 
     def clear_cache(self) -> None:
         """Drop decoded values (their buffers are kept for reuse); readers stay open."""
@@ -261,12 +295,9 @@ class BatchReader:
             self._clip = clip
 
     def check_unchanged(self) -> None:
-        """Raise TsFileFormatError if a source file changed since the catalog was built.
-
-        See :func:`tsfile_torch.integrity.checks.check_unchanged` (size, mtime, ctime, inode).
-        """
+        """Raise TsFileFormatError if a source file changed since the catalog was built."""
         for info in self.catalog.files:
-            check_unchanged(info)
+            info.check_unchanged()
 
     # -- decoding -------------------------------------------------------------------------
     def _index(self, group_index: int) -> TimeIndex:
@@ -276,18 +307,15 @@ class BatchReader:
             info = self.catalog.files[group.file_index]
 
             def fetch(t0: int, t1: int) -> np.ndarray:
+                info.check_unchanged()  # before any native read (Note: integrity hooks)
                 reader, handles = self.files.handles(group_index, group)  # may have been closed
                 what = (
-                    f"{info.name}: device {'.'.join(map(str, group.device))}, timestamps "
-                    f"[{t0}, {t1}] for the timeline index via {self.read_backend}"
+                    f"device {'.'.join(map(str, group.device))}, timestamps [{t0}, {t1}] for "
+                    f"the timeline index via {self.read_backend}"
                 )
-                if self.on_read is not None:  # announced like every native read
-                    self.on_read(what)
-                try:
-                    return reading(what, query_times, reader, handles[0], group.aligned, t0, t1)
-                finally:
-                    if self.on_read is not None:
-                        self.on_read(None)
+                return self._announced(
+                    info, what, query_times, reader, handles[0], group.aligned, t0, t1
+                )
 
             index = open_index(fetch, info, group, self.index_stride, self.index_dir)
             self._indexes[group_index] = index
@@ -302,6 +330,7 @@ class BatchReader:
         span = index.time_range(start, stop)
         if self.index_dir and index.complete and not was_complete:
             info = self.catalog.files[group.file_index]
+            info.check_unchanged()  # never save marks read from a file replaced meanwhile
             save_index(index, info, group, self.index_dir)
         return span
 
@@ -312,25 +341,28 @@ class BatchReader:
         reader, handles = self.files.handles(group_index, group)
         return _Plan(group_index, group, reader, handles, span, start, stop - start)
 
+    def _announced(self, info, what: str, fn, *args):
+        """Run the native call ``fn(*args)``, announced to ``on_read`` (Note: worker reports)."""
+        if self.on_read is not None:
+            self.on_read(f"{info.name}: {what}")
+        try:
+            return native_call(info.name, what, fn, *args)
+        finally:
+            if self.on_read is not None:
+                self.on_read(None)
+
     def _decode(self, plan: _Plan) -> Block:
         """Decode one planned range of one group into a block of exactly its rows.
 
-        Note: integrity hooks (tsfile_torch.integrity.checks). Around every native read the file is
-        checked unchanged before and after, the read is announced (worker slot; a frame that
+        Note: integrity hooks (tsfile_torch.integrity.checks). Around every native read the file
+        is checked unchanged before and after, the read is announced (worker slot; a frame that
         names it in a fatal signal report), and the decoded block is checked against the
         metadata statistics.
         """
         info = self.catalog.files[plan.group.file_index]
-        check_unchanged(info)
-        what = self._describe(plan)
-        if self.on_read is not None:
-            self.on_read(what)
-        try:
-            block = reading(what, self._decode_native, plan)
-        finally:
-            if self.on_read is not None:
-                self.on_read(None)
-        check_unchanged(info)  # changed during the read?
+        info.check_unchanged()
+        block = self._announced(info, self._describe(plan), self._decode_native, plan)
+        info.check_unchanged()  # changed during the read?
         if self.statistics is not None:
             self.statistics.block(plan.group_index, plan.start, block.times, block.values)
         return block
@@ -361,18 +393,11 @@ class BatchReader:
                         pos += batch.num_rows
                 if pos < want:
                     raise TsFileFormatError(self._lost(group, start_time, num_rows, pos - skip))
-            with self._lock:
-                self.decoded_rows += num_rows
-        except (TsFileFormatError, SchemaError):
+        except BaseException:
             self.cache.recycle(out)
             raise
-        except Exception as err:
-            info = self.catalog.files[group.file_index]
-            raise TsFileFormatError(
-                f"{info.name}: reading device {'.'.join(map(str, group.device))} in time range "
-                f"[{start_time}, {end_time}] failed ({type(err).__name__}: {err}); the file may be "
-                f"damaged or changed while in use"
-            ) from err
+        with self._lock:
+            self.decoded_rows += num_rows
         return out
 
     def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
@@ -394,10 +419,8 @@ class BatchReader:
         return block.times, block.values
 
     def _describe(self, plan: _Plan) -> str:
-        group = plan.group
-        info = self.catalog.files[group.file_index]
         return (
-            f"{info.name}: device {'.'.join(map(str, group.device))}, rows [{plan.start}, "
+            f"reading device {'.'.join(map(str, plan.group.device))}, rows [{plan.start}, "
             f"{plan.start + plan.num_rows}) via {self.read_backend}"
         )
 
@@ -500,15 +523,17 @@ class BatchReader:
         stop_row: int,
         out: np.ndarray | None = None,
         random_access: bool = False,
+        view: RowView | None = None,
     ) -> tuple[np.ndarray, np.ndarray]:
-        """Read rows ``[start_row, stop_row)`` of every column.
+        """Read rows ``[start_row, stop_row)`` of every column of ``view`` (default: all).
 
         Args:
-            start_row: first row, ``0 <= start_row < stop_row <= catalog.num_rows``.
+            start_row: first row, ``0 <= start_row < stop_row <= view.num_rows``.
             stop_row: one past the last row.
             out: optional C-contiguous ``(stop_row - start_row, num_columns)`` array to fill.
             random_access: the caller jumps around (random windows): groups longer than one
                 block are read exactly, not by whole blocks.
+            view: the columns (:meth:`view`); ``None``: :attr:`full`.
 
         Returns:
             ``(values, timestamps)``: values ``(rows, columns)`` in ``dtype``, nulls as NaN;
@@ -519,77 +544,92 @@ class BatchReader:
             SchemaError: columns disagree on the timestamp of a row.
             TsFileFormatError: a file cannot be read or returned fewer rows than its metadata.
         """
-        if not 0 <= start_row < stop_row <= self.catalog.num_rows:
+        view = view or self.full
+        if not 0 <= start_row < stop_row <= view.num_rows:
             raise ValueError(
                 f"row range [{start_row}, {stop_row}) is outside the dataset's "
-                f"{self.catalog.num_rows} rows or empty"
+                f"{view.num_rows} rows or empty"
             )
         n = stop_row - start_row
-        ncols = len(self.catalog.columns)
+        shape = (n, len(view.columns))
         if out is None:
-            out = np.empty((n, ncols), dtype=self.dtype)
-        elif out.shape != (n, ncols) or out.dtype != self.dtype:
+            out = np.empty(shape, dtype=self.dtype)
+        elif out.shape != shape or out.dtype != self.dtype:
             raise ValueError(
-                f"out must have shape {(n, ncols)} and dtype {self.dtype}; got "
-                f"{out.shape} {out.dtype}"
+                f"out must have shape {shape} and dtype {self.dtype}; got {out.shape} {out.dtype}"
             )
-        if self._matrix is not None and self._filled[start_row:stop_row].all():
-            np.copyto(out, self._matrix[start_row:stop_row])
-            return out, self._matrix_times[start_row:stop_row].copy()
         times = np.empty(n, dtype=np.int64)
-        groups = self._segments.groups(start_row, stop_row)
+        groups = view.segments.groups(start_row, stop_row)
         if self.decode_threads > 1 and self.cache.capacity and not random_access:
             self._prefetch(start_row, stop_row, groups)
         for gi in groups:
-            target = self._targets[gi]
+            target = view.targets[gi]
             for o, a, b, block, number in self._pieces(gi, start_row, stop_row, random_access):
                 m = b - a
-                if gi in self._ref_groups:
+                if gi in view.ref_groups:
                     times[o : o + m] = block.times[a:b]
                 elif not block.verified:
-                    self._check_times(gi, times[o : o + m], block, a, b, start_row + o)
-                    self._verify_block(gi, block, number)
+                    self._check_times(gi, times[o : o + m], block.times[a:b], start_row + o)
+                    self._verify_block(view, gi, block, number)
                 out[o : o + m, target] = block.values[:, a:b].T
-        if self._matrix is not None:
-            self._matrix[start_row:stop_row] = out
-            self._matrix_times[start_row:stop_row] = times
-            self._filled[start_row:stop_row] = True
         return out, times
 
-    def _check_times(self, gi: int, ref: np.ndarray, block: Block, a: int, b: int, row: int):
-        if not np.array_equal(ref, block.times[a:b]):
-            bad = int(np.flatnonzero(ref != block.times[a:b])[0])
-            group = self.catalog.groups[gi]
-            raise SchemaError(self._misaligned(group, row + bad, ref[bad], block.times[a + bad]))
+    def take(self, rows: np.ndarray, view: RowView | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Gather rows ``rows`` (any order, repeats allowed) of every column of ``view``.
 
-    def _verify_block(self, gi: int, block: Block, number: int | None) -> None:
+        What a buffer-shuffled batch reads: the blocks the rows fall in are decoded once into
+        the block cache and the rows picked from them, one numpy gather per group and block.
+
+        Returns:
+            ``(values, timestamps)`` as :meth:`read`, in the order of ``rows``.
+        """
+        view = view or self.full
+        rows = np.asarray(rows, dtype=np.int64)
+        if len(rows) and (rows.min() < 0 or rows.max() >= view.num_rows):
+            raise ValueError(f"rows outside the dataset's {view.num_rows} rows")
+        order = np.argsort(rows, kind="stable")
+        ordered = rows[order]
+        out = np.empty((len(rows), len(view.columns)), dtype=self.dtype)
+        times = np.empty(len(rows), dtype=np.int64)
+        groups = sorted(view.groups, key=lambda gi: gi not in view.ref_groups)  # timestamps first
+        for gi in groups:
+            group = view.groups[gi]
+            lo, hi = np.searchsorted(ordered, [group.start_row, group.stop_row])
+            if lo == hi:
+                continue
+            local = ordered[lo:hi] - group.start_row
+            target = np.atleast_1d(np.arange(len(view.columns))[view.targets[gi]])
+            cuts = np.flatnonzero(np.diff(local // self.block_rows)) + 1
+            for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(local)], strict=True):
+                first, last = int(local[a]), int(local[b - 1]) + 1
+                for o, ba, bb, block, _ in self._pieces(
+                    gi, group.start_row + first, group.start_row + last, False
+                ):
+                    pick = local[a:b] - first - o  # rows of this piece, relative to it
+                    inside = (pick >= 0) & (pick < bb - ba)
+                    where = order[lo + a : lo + b][inside]
+                    pick = pick[inside] + ba
+                    if gi in view.ref_groups:
+                        times[where] = block.times[pick]
+                    else:
+                        self._check_times(gi, times[where], block.times[pick], int(rows[where[0]]))
+                    out[np.ix_(where, target)] = block.values[:, pick].T
+        return out, times
+
+    def _check_times(self, gi: int, ref: np.ndarray, got: np.ndarray, row: int) -> None:
+        if not np.array_equal(ref, got):
+            bad = int(np.flatnonzero(ref != got)[0])
+            group = self.catalog.groups[gi]
+            raise SchemaError(self._misaligned(group, row + bad, ref[bad], got[bad]))
+
+    def _verify_block(self, view: RowView, gi: int, block: Block, number: int | None) -> None:
         """Mark ``block`` verified if its twin timestamp block is cached and equal."""
-        twin = self._twin.get(gi)
+        twin = view.twin.get(gi)
         if twin is None or number is None:
             return
         ref = self.cache.peek((twin, number))
         if ref is not None and np.array_equal(ref.times, block.times):
             block.verified = True
-
-    def keep_all(self) -> None:
-        """Keep every row read, assembled, for the life of this reader (``cache="memory"``).
-
-        Rows are kept as one row-major ``(num_rows, num_columns)`` array, so once read a batch
-        costs one memory copy, like slicing an in-memory array. Memory: ``num_rows *
-        (num_columns * itemsize + 8)`` bytes per process.
-        """
-        if self._matrix is None:
-            n, c = self.catalog.num_rows, len(self.catalog.columns)
-            self._matrix = np.empty((n, c), dtype=self.dtype)
-            self._matrix_times = np.empty(n, dtype=np.int64)
-            self._filled = np.zeros(n, dtype=bool)
-
-    @property
-    def kept_bytes(self) -> int:
-        """Bytes held by :meth:`keep_all` (0 when not keeping)."""
-        if self._matrix is None:
-            return 0
-        return self._matrix.nbytes + self._matrix_times.nbytes + self._filled.nbytes
 
 
 def _local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:

@@ -20,6 +20,7 @@ workers and later runs load it instead of reading.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -30,18 +31,12 @@ import numpy as np
 from tsfile_torch.catalog.build import FileInfo, ReadGroup
 from tsfile_torch.errors import TsFileFormatError
 
-__all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "default_index_dir", "open_index", "save_index"]
+__all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "open_index", "save_index"]
 
 logger = logging.getLogger(__name__)
 
 #: Rows between two index entries.
 DEFAULT_INDEX_STRIDE = 1024
-
-
-def default_index_dir() -> str:
-    """Return ``$XDG_CACHE_HOME/tsfile-torch/index`` (``~/.cache/tsfile-torch/index``)."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tsfile-torch", "index")
 
 
 class TimeIndex:
@@ -123,20 +118,13 @@ class TimeIndex:
 
 
 def _cache_path(directory: str, info: FileInfo, group: ReadGroup, stride: int) -> str | None:
-    if not isinstance(info.source, str):
-        return None
-    try:
-        st = os.stat(info.source)
-    except OSError:
+    key = info.source.index_key()  # the source's identity now (None: not cached on disk)
+    if key is None:
         return None
     shard = group.shards[0]
     key = repr(
         (
-            os.path.realpath(info.source),
-            st.st_size,
-            st.st_mtime_ns,
-            st.st_ctime_ns,
-            st.st_ino,
+            key,
             shard.device,
             shard.measurement,
             shard.start_time,
@@ -160,6 +148,7 @@ def _load(path: str, expected: int) -> np.ndarray | None:
 
 
 def _save(path: str, marks: np.ndarray) -> None:
+    tmp = None
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
@@ -168,6 +157,9 @@ def _save(path: str, marks: np.ndarray) -> None:
         os.replace(tmp, path)  # atomic: concurrent builders write the same bytes
     except OSError as err:
         logger.debug("cannot save a timeline index to %s: %s", path, err)
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
 
 
 def open_index(

@@ -1,158 +1,229 @@
-"""Batch order and sharding: pure functions of integers, no I/O, no torch.
+"""Orders and sharding: pure functions of integers, no I/O, no torch (Note: order is pure).
 
-Every order is a function of (seed, epoch, rank, world_size, worker, num_workers) alone
-(Note: order is pure), so two processes that agree on those agree on every batch.
+Every dataset is a sequence of **items** (rows, batches of rows, or windows) grouped into
+**blocks** (items whose data lie in the same decoded block). One epoch's delivered batches on one
+rank are a function of (order, seed, epoch, rank, world size, number of workers) and the items'
+layout alone, computed in four steps written once here and used by every dataset:
 
-Sharding rules:
-- Across DDP ranks the epoch's items are dealt round-robin (``items[rank::world_size]``), after
-  padding by wrapping around (``drop_last=False``) or truncating (``drop_last=True``) to a
-  multiple of ``world_size``: every rank gets the same count, so collective ops never hang.
-- Across DataLoader workers of one rank the rows are cut into ``num_workers`` contiguous
-  ranges (on batch boundaries) and each worker yields, in the epoch's order, the rank's items
-  that start in its range (:func:`worker_row_range`). A worker thus reads the same rows every
-  epoch and only those, so no two workers decode the same pages and each worker's block cache
-  stays warm. The DataLoader interleaves the workers' outputs: with ``num_workers > 1`` and
-  ``shuffle=False`` batches are in row order within each worker's range, not globally.
-
-Note: epoch word. Every pass over a dataset is the next epoch unless ``set_epoch`` named one.
-The epoch lives in one 64-bit word of shared memory created with the dataset (the main process
-owns it; fork, forkserver and spawn workers all map it): the epoch of the latest pass, whether
-``set_epoch`` wrote it since (then the next pass takes it as is), and who claimed it: the pid of
-that pass's worker 0 and a tag of the pass (from the loader's base seed, drawn in the main
-process for every new iterator, and the number of passes the worker's copy of the dataset has
-made, which tells a persistent worker's passes apart). Worker 0 claims each pass and writes
-the word; every other worker computes the same epoch from the word it reads, without waiting:
-a word with its own tag written by a live worker 0 is its pass's claim, any other word is the
-state before that claim (:func:`next_epoch`). A dead claimer means an earlier loader, even if
-its tag is the same (a DataLoader rebuilt each epoch with the same seeded generator). With
-``num_workers=0`` the main process claims each pass itself. One word is read and written
-whole, so no lock is needed. Limit: one loader at a time over one dataset object.
+1. **Order** (:func:`epoch_items`), picked by name from :data:`ORDERS`:
+   ``"sequential"`` (items in order), ``"batches"`` (a (seed, epoch) permutation of the items;
+   the row datasets use it with whole batches as items: contiguous batches in random order),
+   ``"shuffle"`` (a buffer shuffle, like MosaicML Streaming's and LitData's shuffle within
+   shards: the blocks are permuted, taken ``shuffle_blocks`` at a time, and the items of each
+   group permuted together: a batch mixes items from up to ``shuffle_blocks`` places, a
+   process holds about that many decoded blocks, and each block is decoded about once per
+   epoch) and ``"random"`` (``num_samples`` items drawn uniformly with replacement).
+2. **Ranks** (:func:`shard_for_rank`): the epoch's items are padded by wrapping around (as
+   ``DistributedSampler`` pads: at most ``world_size - 1`` repeated items) or trimmed
+   (``drop_last``) to a multiple of the world size, and rank ``r`` takes the ``r``-th
+   contiguous run, so ranks read different blocks and every rank gets the same count however
+   few blocks there are.
+3. **Batches** (:func:`cut_batches`): the rank's items cut in order into batches of
+   ``batch_size`` items (the last one shorter unless ``drop_last``).
+4. **Workers** (:func:`worker_batches`): the rank's batches sorted by their first item, cut into
+   ``num_workers`` contiguous runs of (nearly) equal count; worker ``w`` yields run ``w`` in the
+   epoch's order. A worker thus reads its own stretch of the data (with ``"sequential"`` the
+   same rows every epoch), and no two workers decode the same pages. The DataLoader hands out
+   the workers' batches round-robin (:func:`interleave`), which is the order a map-style
+   dataset's sampler yields too, so both kinds of dataset deliver the same batches in the same
+   order.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
+from tsfile_torch.options import check_bool, check_choice, check_int, check_seed
+
 __all__ = [
-    "batch_starts",
+    "MAX_SAMPLES",
+    "ORDERS",
+    "OrderSpec",
+    "cut_batches",
     "epoch_items",
-    "random_window_starts",
+    "interleave",
+    "plan_epoch",
     "shard_for_rank",
-    "num_batches",
-    "worker_row_range",
-    "shard_by_rows",
-    "pack_epoch_word",
-    "unpack_epoch_word",
-    "EpochWord",
-    "next_epoch",
-    "pass_tag",
-    "MAX_EPOCH",
+    "worker_batches",
 ]
 
-#: Largest epoch the epoch word holds (see Note: epoch word).
-MAX_EPOCH = (1 << 24) - 2
-_PID_BITS, _TAG_BITS = 22, 16  # Linux pids fit 22 bits; elsewhere they are masked to 22
+#: Orders by name (see the module notes).
+ORDERS = ("sequential", "batches", "shuffle", "random")
+#: Most items one epoch may draw with ``"random"`` (their indices alone take 2 GiB).
+MAX_SAMPLES = 1 << 28
+#: Padding above this fraction of an epoch's items is warned about.
+PAD_WARNING = 0.05
 
 
-def num_batches(num_rows: int, batch_size: int, drop_last: bool) -> int:
-    """Return how many batches ``num_rows`` rows make (the last partial one unless drop_last)."""
-    return num_rows // batch_size if drop_last else -(-num_rows // batch_size)
+@dataclass(frozen=True)
+class OrderSpec:
+    """How a dataset's items are ordered, validated once.
+
+    Attributes:
+        order: one of :data:`ORDERS`.
+        seed: any integer, kept modulo 2**64.
+        drop_last: trim ranks to equal counts and drop short last batches, instead of padding.
+        shuffle_blocks: blocks whose items ``"shuffle"`` mixes together (the buffer).
+        num_samples: items per epoch of ``"random"``.
+    """
+
+    order: str = "sequential"
+    seed: int = 0
+    drop_last: bool = False
+    shuffle_blocks: int = 16
+    num_samples: int | None = None
+
+    def __post_init__(self):
+        check_choice("order", self.order, ORDERS)
+        object.__setattr__(self, "seed", check_seed(self.seed))
+        check_bool("drop_last", self.drop_last)
+        object.__setattr__(
+            self, "shuffle_blocks", check_int("shuffle_blocks", self.shuffle_blocks, 1, 2**31)
+        )
+        samples = check_int("num_samples", self.num_samples, 1, MAX_SAMPLES, allow_none=True)
+        object.__setattr__(self, "num_samples", samples)
+        if (self.order == "random") != (samples is not None):
+            raise ValueError(
+                "order='random' needs num_samples (items per epoch), and num_samples goes with "
+                f"order='random' only; got order={self.order!r}, num_samples={samples!r}"
+            )
+
+    @property
+    def identity(self) -> dict:
+        """What the order depends on besides the epoch (saved and checked with a state)."""
+        return {
+            "order": self.order,
+            "seed": self.seed,
+            "drop_last": self.drop_last,
+            "shuffle_blocks": self.shuffle_blocks,
+            "num_samples": self.num_samples,
+        }
 
 
-def batch_starts(num_rows: int, batch_size: int, drop_last: bool) -> np.ndarray:
-    """Return the first row of each batch, in row order."""
-    return np.arange(num_batches(num_rows, batch_size, drop_last), dtype=np.int64) * batch_size
+def resolve_order(order: str | None, shuffle: bool | None, default: str = "sequential") -> str:
+    """Return the order name from ``order=`` and the ``shuffle=`` shorthand.
+
+    ``shuffle=True`` means ``order="shuffle"``; giving both is an error unless they agree.
+    """
+    if shuffle is not None:
+        check_bool("shuffle", shuffle)
+    if order is None:
+        return "shuffle" if shuffle else default
+    check_choice("order", order, ORDERS)
+    if shuffle is not None and shuffle != (order != "sequential"):
+        raise ValueError(
+            f"shuffle={shuffle} contradicts order={order!r}; pass one of them "
+            f"(shuffle=True means order='shuffle')"
+        )
+    return order
 
 
 def _rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, epoch, stream])
 
 
-def epoch_items(count: int, shuffle: bool, seed: int, epoch: int) -> np.ndarray:
-    """Return item indices ``0..count-1`` of one epoch: in order, or a (seed, epoch) permutation."""
-    if not shuffle:
-        return np.arange(count, dtype=np.int64)
-    return _rng(seed, epoch, 0).permutation(count).astype(np.int64)
+def epoch_items(spec: OrderSpec, block_starts: np.ndarray, epoch: int) -> np.ndarray:
+    """Return the items of one epoch, in order, before sharding.
 
-
-def random_window_starts(
-    num_rows: int, batch_size: int, count: int, seed: int, epoch: int
-) -> np.ndarray:
-    """Return ``count`` window starts drawn uniformly from ``[0, num_rows - batch_size]``.
-
-    A dataset shorter than one batch gives windows starting at 0 (one short window each).
+    Args:
+        spec: the order.
+        block_starts: first item of every block, increasing, then the number of items
+            (``len(block_starts) - 1`` blocks).
+        epoch: the epoch.
     """
-    high = max(num_rows - batch_size, 0)
-    return _rng(seed, epoch, 1).integers(0, high + 1, size=count, dtype=np.int64)
+    count = int(block_starts[-1])
+    if spec.order == "sequential":
+        return np.arange(count, dtype=np.int64)
+    if spec.order == "batches":
+        return _rng(spec.seed, epoch, 0).permutation(count).astype(np.int64)
+    if spec.order == "random":
+        return _rng(spec.seed, epoch, 1).integers(0, count, size=spec.num_samples, dtype=np.int64)
+    rng = _rng(spec.seed, epoch, 2)
+    blocks = rng.permutation(len(block_starts) - 1)
+    parts = []
+    for g in range(0, len(blocks), spec.shuffle_blocks):
+        members = np.concatenate(
+            [
+                np.arange(block_starts[b], block_starts[b + 1])
+                for b in blocks[g : g + spec.shuffle_blocks]
+            ]
+        )
+        parts.append(rng.permutation(members))
+    return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+
+
+def rank_count(count: int, world_size: int, drop_last: bool) -> int:
+    """Return the items each rank gets of ``count`` (see the module notes)."""
+    return count // world_size if drop_last else -(-count // world_size)
+
+
+def check_sharding(count: int, world_size: int, drop_last: bool, what: str = "items") -> None:
+    """Raise if ranks would get nothing; warn if padding repeats more than 5% of the items."""
+    per_rank = rank_count(count, world_size, drop_last)
+    if per_rank == 0:
+        raise ValueError(
+            f"{count} {what} per epoch cannot be shared by {world_size} ranks with "
+            f"drop_last=True: every rank would get none; use drop_last=False, fewer ranks or "
+            f"more data"
+        )
+    pad = per_rank * world_size - count
+    if pad > PAD_WARNING * count:
+        warnings.warn(
+            f"{count} {what} per epoch over {world_size} ranks: {pad} are repeated to give every "
+            f"rank {per_rank} ({pad / count:.0%}); drop_last=True trims instead",
+            stacklevel=3,
+        )
 
 
 def shard_for_rank(items: np.ndarray, rank: int, world_size: int, drop_last: bool) -> np.ndarray:
-    """Return the items of one DDP rank; every rank gets the same count (see module notes)."""
+    """Return rank ``rank``'s contiguous run of ``items`` (equal counts on every rank)."""
     if world_size == 1:
         return items
-    if drop_last:
-        items = items[: len(items) - len(items) % world_size]
-    elif len(items) % world_size and len(items):
-        pad = world_size - len(items) % world_size
-        items = np.concatenate([items, np.resize(items, pad)])
-    return items[rank::world_size]
+    per_rank = rank_count(len(items), world_size, drop_last)
+    if len(items) and len(items) < per_rank * world_size:  # wrap around, as DistributedSampler
+        items = np.resize(items, per_rank * world_size)
+    return items[rank * per_rank : (rank + 1) * per_rank]
 
 
-def worker_row_range(
-    num_rows: int,
+def cut_batches(items: np.ndarray, batch_size: int, drop_last: bool) -> list[np.ndarray]:
+    """Cut ``items`` in order into batches of ``batch_size`` (the last shorter unless drop_last)."""
+    stop = len(items) - len(items) % batch_size if drop_last else len(items)
+    return [items[i : min(i + batch_size, stop)] for i in range(0, stop, batch_size)]
+
+
+def worker_batches(batches: Sequence[np.ndarray], worker: int, num_workers: int) -> list[int]:
+    """Return the indices into ``batches`` that worker ``worker`` of ``num_workers`` yields."""
+    if num_workers <= 1:
+        return list(range(len(batches)))
+    homes = np.array([int(b.min()) if len(b) else 0 for b in batches], dtype=np.int64)
+    by_home = np.argsort(homes, kind="stable")
+    bounds = np.linspace(0, len(batches), num_workers + 1).round().astype(np.int64)
+    return sorted(by_home[bounds[worker] : bounds[worker + 1]].tolist())
+
+
+def interleave(runs: Sequence[Sequence[int]]) -> list[int]:
+    """Return the runs' elements round-robin (the DataLoader's order over its workers)."""
+    longest = max((len(r) for r in runs), default=0)
+    return [r[i] for i in range(longest) for r in runs if i < len(r)]
+
+
+def plan_epoch(
+    spec: OrderSpec,
+    block_starts: np.ndarray,
+    epoch: int,
+    rank: int,
+    world_size: int,
     batch_size: int,
-    worker: int,
-    num_workers: int,
-) -> tuple[int, int]:
-    """Return the rows ``[start, stop)`` whose batches worker ``worker`` owns.
-
-    Batch starts are split into ``num_workers`` contiguous runs of (nearly) equal count.
-    """
-    count = -(-num_rows // batch_size)
-    bounds = np.linspace(0, count, num_workers + 1).round().astype(np.int64) * batch_size
-    return int(bounds[worker]), int(min(bounds[worker + 1], num_rows))
+) -> list[np.ndarray]:
+    """Return rank ``rank``'s batches of ``epoch`` (steps 1 to 3 of the module notes)."""
+    items = shard_for_rank(epoch_items(spec, block_starts, epoch), rank, world_size, spec.drop_last)
+    return cut_batches(items, batch_size, spec.drop_last)
 
 
-def shard_by_rows(starts: np.ndarray, start_row: int, stop_row: int) -> np.ndarray:
-    """Return the items (first rows) that start inside ``[start_row, stop_row)``, order kept."""
-    return starts[(starts >= start_row) & (starts < stop_row)]
-
-
-class EpochWord(NamedTuple):
-    """The fields of the epoch word (see Note: epoch word)."""
-
-    epoch: int  # -1: no pass yet
-    explicit: bool  # set_epoch wrote it: the next pass takes it as is
-    pid: int  # worker 0 that claimed it, masked to 22 bits; 0: the main process or set_epoch
-    tag: int  # tag of the claiming pass (pass_tag); 0: the main process or set_epoch
-
-
-def pack_epoch_word(epoch: int, explicit: bool, pid: int = 0, tag: int = 0) -> int:
-    """Return the epoch word of these fields (a non-negative int64)."""
-    pid &= (1 << _PID_BITS) - 1
-    word = (epoch + 1) << 1 | int(explicit)
-    return (word << _PID_BITS | pid) << _TAG_BITS | tag
-
-
-def unpack_epoch_word(word: int) -> EpochWord:
-    """Return the fields of an epoch word."""
-    tag = word & ((1 << _TAG_BITS) - 1)
-    pid = (word >> _TAG_BITS) & ((1 << _PID_BITS) - 1)
-    rest = word >> (_TAG_BITS + _PID_BITS)
-    return EpochWord((rest >> 1) - 1, bool(rest & 1), pid, tag)
-
-
-def next_epoch(word: EpochWord) -> int:
-    """Return the epoch a new pass claims after ``word``: the one set, else the next."""
-    return word.epoch if word.explicit else word.epoch + 1
-
-
-def pass_tag(base_seed: int, passes: int) -> int:
-    """Return the tag of a DataLoader pass, in ``[1, 65535]`` (see Note: epoch word).
-
-    Consecutive passes of the same workers (``passes`` and ``passes + 1``) never share a tag.
-    """
-    mixed = int(np.random.SeedSequence(base_seed % (1 << 64)).generate_state(1)[0])
-    return 1 + (mixed + passes) % ((1 << _TAG_BITS) - 1)
+def delivered_order(batches: Sequence[np.ndarray], num_workers: int) -> list[int]:
+    """Return the indices into ``batches`` in the order a loader with ``num_workers`` delivers."""
+    return interleave([worker_batches(batches, w, num_workers) for w in range(max(num_workers, 1))])

@@ -54,6 +54,8 @@ from typing import Any
 from urllib.parse import unquote, urlparse
 
 from tsfile_torch.errors import RemoteError
+from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
+from tsfile_torch.sources.base import Source, register
 
 __all__ = [
     "DEFAULT_CACHE_LIMIT",
@@ -63,15 +65,13 @@ __all__ = [
     "expand_url",
     "file_url_path",
     "is_url",
-    "local_path",
-    "local_source",
     "open_metadata",
 ]
 
 logger = logging.getLogger(__name__)
 
 #: Default bound of the local copies: 100 GiB (LitData's default ``max_cache_size``).
-DEFAULT_CACHE_LIMIT = 100 * 2**30
+DEFAULT_CACHE_LIMIT = _DEFAULT_CACHE_LIMIT
 #: Block of the range reads that fetch a remote file's metadata (head and tail).
 METADATA_BLOCK = 256 * 2**10
 #: Bytes per request when downloading a file into the cache.
@@ -108,22 +108,20 @@ class RemoteOptions:
     cache_limit: int = DEFAULT_CACHE_LIMIT
 
     def __post_init__(self):
-        if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
-            raise TypeError(
-                f"storage_options must be a dict of fsspec filesystem arguments or None; got "
-                f"{self.storage_options!r}"
-            )
-        if self.cache_dir is not None and not isinstance(self.cache_dir, (str, os.PathLike)):
-            raise TypeError(f"cache_dir must be a path or None; got {self.cache_dir!r}")
-        limit = self.cache_limit
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit <= 0:
-            raise ValueError(
-                f"cache_limit should be a positive integer value (bytes), but got "
-                f"cache_limit={limit!r}"
-            )
-        if self.cache_dir is not None:
-            object.__setattr__(self, "cache_dir", os.fspath(self.cache_dir))
+        from tsfile_torch.options import ReadOptions
+
+        checked = ReadOptions(
+            storage_options=self.storage_options,
+            cache_dir=self.cache_dir,
+            cache_limit=self.cache_limit,
+        )  # one set of checks and messages for these arguments
+        object.__setattr__(self, "cache_dir", checked.cache_dir)
         object.__setattr__(self, "storage_options", dict(self.storage_options or {}))
+
+    @classmethod
+    def of(cls, options) -> RemoteOptions:
+        """Return the remote settings of a :class:`~tsfile_torch.options.ReadOptions`."""
+        return cls(options.storage_options, options.cache_dir, options.cache_limit)
 
     @property
     def directory(self) -> str:
@@ -131,8 +129,12 @@ class RemoteOptions:
 
 
 @dataclass(frozen=True)
-class RemoteFile:
-    """One remote object as listed when the dataset was built. Picklable, no handles."""
+class RemoteFile(Source):
+    """One remote object as listed when the dataset was built. Picklable, no handles.
+
+    Read through its local copy (:meth:`reader_target` downloads it once per machine), which
+    is keyed by URL, version and size and so never changes under a reader.
+    """
 
     url: str
     nbytes: int
@@ -145,8 +147,32 @@ class RemoteFile:
         return self.url
 
     @property
+    def key(self) -> str:
+        return self.url
+
+    can_map = True  # its local copy
+
+    @property
     def protocol(self) -> str:
         return self.url.split("://", 1)[0]
+
+    def size(self) -> int:
+        return self.nbytes
+
+    def identity(self) -> tuple:
+        return (self.version, self.nbytes)
+
+    def reader_target(self) -> str:
+        return fetch(self)
+
+    def metadata_target(self):
+        return open_metadata(self)
+
+    def mapped_path(self) -> str:
+        return os.path.realpath(self.cache_path)
+
+    def index_key(self) -> str:
+        return repr((self.url, self.version, self.nbytes))
 
     @property
     def cache_path(self) -> str:
@@ -196,6 +222,24 @@ def _remote_error(url: str, action: str, err: BaseException) -> RemoteError:
     else:
         why = "the store could not be reached or refused the request; check the endpoint"
     return RemoteError(f"{url}: cannot {action} ({text}); {why}")
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """Return the exception types a store's client raises (never our own bugs).
+
+    OS errors (fsspec's FileNotFoundError / PermissionError, connection and timeout errors),
+    plus botocore's and aiohttp's bases where installed (s3fs lets some through untranslated).
+    """
+    found: list[type[BaseException]] = [OSError, TimeoutError]
+    with contextlib.suppress(ImportError):
+        import botocore.exceptions as boto
+
+        found += [boto.BotoCoreError, boto.ClientError]
+    with contextlib.suppress(ImportError):
+        import aiohttp
+
+        found.append(aiohttp.ClientError)
+    return tuple(found)
 
 
 def _version(info: Mapping[str, Any]) -> str:
@@ -260,7 +304,7 @@ def expand_url(url: str, options: RemoteOptions | None = None) -> list[RemoteFil
                 files = [info]
     except RemoteError:
         raise
-    except Exception as err:
+    except store_errors() as err:
         raise _remote_error(url, "list", err) from err
     return sorted((_entry(protocol, i, options) for i in files), key=lambda r: r.url)
 
@@ -293,7 +337,7 @@ def open_metadata(remote: RemoteFile) -> Iterator[Any]:
             cache_type="blockcache",
             size=remote.nbytes,
         )
-    except Exception as err:
+    except store_errors() as err:
         raise _remote_error(remote.url, "open", err) from err
     with fh:
         yield fh
@@ -409,7 +453,7 @@ def _download(remote: RemoteFile, target: str) -> None:
                 f"lower cache_limit or point cache_dir at a larger disk"
             ) from err
         raise _remote_error(remote.url, "fetch", err) from err
-    except Exception as err:
+    except store_errors() as err:
         raise _remote_error(remote.url, "fetch", err) from err
     finally:
         with contextlib.suppress(FileNotFoundError):
@@ -445,13 +489,4 @@ def fetch(remote: RemoteFile) -> str:
     return target
 
 
-def local_path(source):
-    """Return ``source`` itself, or for a :class:`RemoteFile` where its local copy lives."""
-    return source.cache_path if isinstance(source, RemoteFile) else source
-
-
-def local_source(source):
-    """Return ``source`` itself, or for a :class:`RemoteFile` the path of its local copy."""
-    if isinstance(source, RemoteFile):
-        return fetch(source)
-    return source
+register(lambda item: is_url(item) and not item.startswith("file://"), expand_url)

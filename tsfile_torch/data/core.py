@@ -1,0 +1,589 @@
+"""The reading core under every dataset, and the one sampler of the map-style datasets.
+
+:class:`DatasetCore` is what the row datasets and the window dataset are built on (Note: a
+dataset kind is a view): one :class:`~tsfile_torch.options.ReadOptions`, sources expanded by the
+one registry and validated in a child process whatever their kind, one catalog laid out from
+metadata (with the one time cut), one :class:`~tsfile_torch.read.reader.BatchReader` per process
+with its block cache, timeline indexes and integrity checks, one alignment, one memory store,
+one normalizer, one epoch counter, DDP rank captured once. A kind says which **tables** it reads
+(rows of some columns with one numbering: every column for the row datasets, each device's
+fields for windows), how its items map to rows of them, and how a batch of items is read.
+
+Note: rank capture. DDP rank and world size are fixed when the dataset is built, in the process
+that builds it: explicit ``rank=`` / ``world_size=``, else ``torch.distributed`` when it is
+initialized, else the ``RANK`` / ``WORLD_SIZE`` environment variables, else (0, 1). They travel
+to DataLoader workers by pickling, so fork, forkserver and spawn workers shard alike (a spawned
+worker has no process group to ask).
+
+Note: resume. Order is a pure function (see :mod:`tsfile_torch.sampling.orders`), so a pass is
+(epoch, position) plus what the order depends on (:func:`tsfile_torch.sampling.state.pass_state`),
+and resuming slices the epoch's batches: the skipped ones are never read. An iterable dataset's
+state is its latest pass in the calling process (each DataLoader worker has its own;
+``StatefulDataLoader`` collects them); a map-style dataset's is its sampler's (the loader's).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from tsfile_torch.catalog.build import Catalog, SourceMetadata, read_metadata
+from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
+from tsfile_torch.errors import SchemaError
+from tsfile_torch.integrity.reports import ReadSlots
+from tsfile_torch.integrity.validate import check_sources
+from tsfile_torch.native.backend import check_backend
+from tsfile_torch.options import ReadOptions, check_int
+from tsfile_torch.read.align import Alignment, timelines_of
+from tsfile_torch.read.memory import MemoryStore
+from tsfile_torch.read.reader import BatchReader, cache_cap
+from tsfile_torch.sampling import orders, state
+from tsfile_torch.sampling.orders import OrderSpec
+from tsfile_torch.sources import expand_sources
+from tsfile_torch.sources.remote import RemoteOptions
+
+__all__ = ["DatasetCore", "EpochSampler", "Table", "resolve_rank"]
+
+_NUMPY_DTYPE = {"float64": np.float64}  # every other torch dtype is read as float32 first
+#: Largest integer magnitude below which every integer is exact in each float dtype.
+_EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
+
+
+def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """Return (rank, world size) as fixed when a dataset is built (see Note: rank capture).
+
+    Raises:
+        ValueError: on a rank outside ``[0, world_size)``, one of the two given without the
+            other, or unparsable ``RANK`` / ``WORLD_SIZE`` environment variables.
+    """
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            f"rank and world_size go together: give both or neither; got rank={rank!r}, "
+            f"world_size={world_size!r}"
+        )
+    source = "rank / world_size arguments"
+    if rank is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+            source = "torch.distributed"
+        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            source = "the RANK / WORLD_SIZE environment variables"
+            try:
+                rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            except ValueError:
+                raise ValueError(
+                    f"RANK and WORLD_SIZE must be integers; got RANK={os.environ['RANK']!r}, "
+                    f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}"
+                ) from None
+        else:
+            return 0, 1
+    world_size = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(
+            f"rank should be in [0, world_size), but got rank={rank}, world_size={world_size} "
+            f"(from {source})"
+        )
+    return rank, world_size
+
+
+@dataclass
+class Table:
+    """Rows of some catalog columns with one numbering: positional, or aligned on time."""
+
+    columns: tuple[int, ...]
+    num_rows: int
+    alignment: Alignment | None = None
+
+    def read(self, reader: BatchReader, start: int, stop: int, random_access: bool = False):
+        """Return rows ``[start, stop)``: values ``(n, columns)`` in the reader's dtype, times."""
+        if self.alignment is not None:
+            return self.alignment.read(reader, start, stop)
+        return reader.read(start, stop, random_access=random_access, view=reader.view(self.columns))
+
+    def take(self, reader: BatchReader, rows: np.ndarray):
+        """Return rows ``rows`` (any order): values ``(n, columns)``, times."""
+        if self.alignment is None:
+            return reader.take(rows, view=reader.view(self.columns))
+        values, times = self.alignment.read(reader, int(rows.min()), int(rows.max()) + 1)
+        return values[rows - rows.min()], times[rows - rows.min()]
+
+
+class DatasetCore:
+    """What every dataset kind shares (see the module notes). Not used directly.
+
+    A kind implements :meth:`_tables` (the tables it reads, from the laid-out catalog),
+    :meth:`_layout` (its items: block starts, batch size in items) and :meth:`_read_items`.
+    """
+
+    #: short name of the kind, for messages and repr
+    kind = "dataset"
+
+    def _setup(
+        self,
+        sources,
+        read: ReadOptions,
+        order: OrderSpec,
+        rank: int | None,
+        world_size: int | None,
+    ) -> SourceMetadata:
+        """Expand, validate and read the metadata of ``sources``; keep the settings."""
+        self.options = read
+        self.order_spec = order
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.remote = RemoteOptions.of(read)
+        expanded = expand_sources(sources, self.remote)
+        if read.validate:  # first contact with each file in a child (Note: validation child)
+            check_sources(expanded)
+        meta = read_metadata(expanded)
+        for info in meta.files:
+            check_backend(info.source, read.read_backend)
+        self.epochs = state.EpochCounter()
+        self._slots: ReadSlots | None = ReadSlots()  # Note: worker reports
+        self._reader: BatchReader | None = None
+        self._reader_epoch: int | None = None
+        self._store: MemoryStore | None = None
+        self._passes = 0
+        self._latest: tuple[state.Cursor, int, int] | None = None  # this process's latest pass
+        self._resume: dict[str, Any] | None = None
+        return meta
+
+    def _finish(self, catalog: Catalog, tables: list[Table], names: Sequence[str]) -> None:
+        """Keep the catalog and tables, resolve ``normalize=``, check the set-up."""
+        self.catalog = catalog
+        self.tables = tables
+        _warn_inexact_integers(catalog, self.options.dtype)
+        #: Applied to every value read (``normalize=``); hand it to a validation dataset.
+        self.normalizer: Normalizer | None = make_normalizer(
+            self.options.normalize, list(names), lambda exact: self.stats(exact)
+        )
+        self.close()  # readers used while building are not carried into workers
+
+    # -- tables and alignment ---------------------------------------------------------------
+    def _table(self, catalog: Catalog, columns: tuple[int, ...], what: str) -> Table:
+        """Return the table of ``columns``: positional when they share a timeline, else aligned.
+
+        Raises:
+            SchemaError: their timestamps differ and ``align`` is None.
+        """
+        several = len(timelines_of(catalog, columns)) > 1
+        if several and self.options.align is not None:
+            alignment = Alignment.build(
+                catalog, columns, self.options.align, self.options.fill, self._new_reader
+            )
+            if not alignment.identical:  # else positional rows: the fast path
+                return Table(columns, alignment.num_rows, alignment)
+        first = catalog.columns[columns[0]]
+        for c in columns[1:]:
+            col = catalog.columns[c]
+            if (col.num_rows, col.start_time, col.end_time) != (
+                first.num_rows,
+                first.start_time,
+                first.end_time,
+            ):
+                raise SchemaError(
+                    f"{what}: {first.name!r} has {first.num_rows} rows in [{first.start_time}, "
+                    f"{first.end_time}], {col.name!r} has {col.num_rows} rows in "
+                    f"[{col.start_time}, {col.end_time}]: they do not share timestamps; select "
+                    f"columns with equal timestamps, or pass align='union' / 'intersect' (and "
+                    f"fill=...) to join them on time"
+                )
+        return Table(columns, first.num_rows)
+
+    # -- the per-process reader -------------------------------------------------------------
+    def _new_reader(self, catalog: Catalog | None = None, **overrides) -> BatchReader:
+        """Return a reader of ``catalog`` (default: the dataset's) with the dataset's settings."""
+        o = self.options
+        settings = dict(
+            read_backend=o.read_backend,
+            dtype=_NUMPY_DTYPE.get(o.dtype, np.float32),
+            block_rows=self.block_rows,
+            malloc_tuning=o.malloc_tuning,
+            decode_threads=self._decode_threads(),
+            cache_bytes=o.cache_bytes,
+            max_open_files=o.max_open_files,
+            index_dir=o.index_dir,
+            check_statistics=o.check_statistics,
+        )
+        settings.update(overrides)
+        return BatchReader(catalog or self.catalog, **settings)
+
+    @property
+    def reader(self) -> BatchReader:
+        """This process's reader, opened on first use and kept until :meth:`close`."""
+        if self._reader is None or self._reader.pid != os.getpid():
+            self._reader = self._new_reader(**self._reader_overrides())
+            self._store = None
+            info = tud.get_worker_info()
+            if info is not None and self._slots is not None:  # Note: worker reports
+                slots, worker = self._slots, info.id
+                self._reader.on_read = lambda text: slots.write(worker, text)
+        return self._reader
+
+    def _reader_overrides(self) -> dict:
+        return {}
+
+    def _decode_threads(self) -> int:
+        if self.options.decode_threads is not None:
+            return self.options.decode_threads
+        if tud.get_worker_info() is not None:
+            return 1
+        return max(1, min(4, os.cpu_count() or 1))
+
+    @property
+    def block_rows(self) -> int:
+        """Rows decoded per native call (``block_rows=``, else the kind's default)."""
+        return self.options.block_rows or self.default_block_rows
+
+    default_block_rows = 131072
+
+    def _start_epoch(self, epoch: int) -> BatchReader:
+        """Return the reader, checking the files at each new epoch (streaming: cache emptied)."""
+        reader = self.reader
+        if self._reader_epoch != epoch:
+            reader.check_unchanged()
+            if self.options.cache == "none":
+                reader.clear_cache()
+            self._reader_epoch = epoch
+        return reader
+
+    def _rows(self, table: int, start: int, stop: int, random_access: bool = False):
+        """Return rows ``[start, stop)`` of ``table`` as handed out: normalized, output dtype.
+
+        With ``cache="memory"`` they are kept (:class:`~tsfile_torch.read.memory.MemoryStore`).
+        """
+        store = self._memory()
+        if store is not None and store.has(table, start, stop):
+            return store.get(table, start, stop)
+        values, times = self.tables[table].read(self.reader, start, stop, random_access)
+        values = self._finalize(table, values)
+        if store is not None:
+            store.put(table, start, values, times)
+        return values, times
+
+    def _finalize(self, table: int, values: np.ndarray) -> np.ndarray:
+        """Return read values normalized (``normalize=``)."""
+        if self.normalizer is not None:
+            values = self.normalizer(values, self._table_names(table))
+        return values
+
+    def _table_names(self, table: int) -> list[str]:
+        raise NotImplementedError
+
+    def _memory(self) -> MemoryStore | None:
+        if self.options.cache != "memory":
+            return None
+        self.reader  # noqa: B018 - a store belongs to the process's reader
+        if self._store is None:
+            self._store = MemoryStore(
+                [t.num_rows for t in self.tables],
+                len(self.tables[0].columns),
+                _NUMPY_DTYPE.get(self.options.dtype, np.float32),
+            )
+        return self._store
+
+    def close(self) -> None:
+        """Close this process's readers and drop decoded values (they reopen on the next read)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._store = None
+
+    # -- pickling: no native handles ---------------------------------------------------------
+    def __getstate__(self):
+        out = self.__dict__.copy()
+        out.update(_reader=None, _reader_epoch=None, _store=None, _latest=None)
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is None:
+            out["_slots"] = None  # a plain pickle (a checkpoint) takes no shared memory
+        return out
+
+    # -- public surface ---------------------------------------------------------------------
+    @property
+    def columns(self) -> list[str]:
+        """Column names, in output order (tsfile series naming: ``table.tag.field``)."""
+        return self.catalog.column_names
+
+    def stats(self, exact: bool = False) -> dict[str, dict]:
+        """Return statistics per column: metadata only, or with ``exact`` one pass adding std.
+
+        See :func:`tsfile_torch.data.normalize.series_stats`; they cover the rows in
+        ``start_time`` / ``end_time`` where the metadata allows (a cut shard has no sum).
+        """
+        names = {name: [i] for i, name in enumerate(self.columns)}
+        return self._stats(names, exact)
+
+    def _stats(self, names: dict[str, list[int]], exact: bool) -> dict[str, dict]:
+        return series_stats(
+            self.catalog,
+            names,
+            exact,
+            lambda catalog: self._new_reader(catalog, dtype=np.float64, cache_bytes=0),
+            self.block_rows,
+        )
+
+    @property
+    def backends(self) -> dict[str, str]:
+        """File name -> backend its open reader really uses, in this process."""
+        if self._reader is None:
+            return {}
+        return {self.catalog.files[i].name: b for i, b in self._reader.backends.items()}
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (later passes count on from it).
+
+        Reaches DataLoader workers, persistent or not. Without it each pass is the next epoch.
+        """
+        self.epochs.set(check_int("epoch", epoch, 0, state.MAX_EPOCH))
+
+    @property
+    def epoch(self) -> int | None:
+        """Epoch of the latest pass (or the one ``set_epoch`` named); ``None`` before any."""
+        return self.epochs.latest
+
+    # -- the order ---------------------------------------------------------------------------
+    def _layout(self) -> tuple[np.ndarray, int]:
+        """Return (block starts of the items, items per batch)."""
+        raise NotImplementedError
+
+    def _identity(self, batch_size: int | None = None) -> dict[str, Any]:
+        """What the delivered order depends on besides the epoch (checked on resume)."""
+        starts, per_batch = self._layout()
+        return {
+            state.ORDER: self.order_spec.identity,
+            state.RANK: self.rank,
+            state.WORLD_SIZE: self.world_size,
+            state.LAYOUT: [int(starts[-1]), len(starts) - 1, batch_size or per_batch],
+        }
+
+    def epoch_batches(self, epoch: int, batch_size: int | None = None) -> list[np.ndarray]:
+        """Return this rank's batches of ``epoch`` (arrays of items), before the worker split."""
+        starts, per_batch = self._layout()
+        return orders.plan_epoch(
+            self.order_spec, starts, epoch, self.rank, self.world_size, batch_size or per_batch
+        )
+
+    def _check_sharding(self, batch_size: int | None = None) -> None:
+        starts, _ = self._layout()
+        count = self.order_spec.num_samples or int(starts[-1])
+        orders.check_sharding(count, self.world_size, self.order_spec.drop_last)
+        if not self.epoch_batches(0, batch_size):
+            warnings.warn(
+                f"the {self.kind} yields no batches on rank {self.rank}: drop_last=True and "
+                f"fewer items than one batch; lower batch_size or set drop_last=False",
+                stacklevel=4,
+            )
+
+    # -- iterable passes ---------------------------------------------------------------------
+    def _begin_pass(self) -> tuple[state.Cursor, int, int]:
+        """Start a pass in this process (a worker's share of it, in a worker)."""
+        info = tud.get_worker_info()
+        worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        self._passes += 1
+        tag = 0 if info is None else state.pass_tag(info.seed - info.id, self._passes)
+        if self._resume is not None:
+            saved, self._resume = self._resume, None
+            if (saved[state.WORKER], saved[state.NUM_WORKERS]) != (worker, num_workers):
+                raise ValueError(
+                    f"this state_dict was saved by worker {saved[state.WORKER]} of "
+                    f"{saved[state.NUM_WORKERS]} (1: the main process) and is resumed by worker "
+                    f"{worker} of {num_workers}: resume with the same num_workers (each "
+                    f"worker's share of the epoch depends on it)"
+                )
+            epoch, position = saved[state.EPOCH], saved[state.POSITION]
+            if worker == 0:
+                self.epochs.record(epoch, tag)
+        else:
+            epoch, position = self.epochs.claim(tag, leader=worker == 0), 0
+        batches = self.epoch_batches(epoch)
+        mine = [batches[i] for i in orders.worker_batches(batches, worker, num_workers)]
+        cursor = state.Cursor(epoch, mine, position)
+        self._latest = (cursor, worker, num_workers)
+        return self._latest
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where this process's latest pass stands (see Note: resume).
+
+        ``epoch`` is ``None`` before the first pass here; a loaded state not yet resumed is
+        returned as loaded.
+        """
+        if self._resume is not None:
+            return dict(self._resume)
+        cursor, worker, num_workers = self._latest or (None, 0, 1)
+        return state.pass_state(
+            cursor.epoch if cursor else None,
+            cursor.position if cursor else 0,
+            worker,
+            num_workers,
+            self._identity(),
+        )
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Make the next pass resume where ``saved`` stood; later passes count on from it.
+
+        Raises:
+            ValueError: ``saved`` comes from a dataset with another order, seed, rank, world
+                size, batch size or data (the number of workers is checked when the pass
+                begins).
+        """
+        epoch, _ = state.check_state(saved, self._identity(), type(self).__name__)
+        self._resume = dict(saved) if epoch is not None else None
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (
+            f"{type(self).__name__}({len(self.catalog.files)} files, {len(self.columns)} "
+            f"columns, {len(self)} items, order={self.order_spec.order!r}, "
+            f"read_backend={o.read_backend!r}, cache={o.cache!r})"
+        )
+
+
+def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
+    """Warn when metadata min / max show integer columns that ``dtype`` cannot hold exactly."""
+    limit = _EXACT_INTEGERS[dtype]
+    inexact = [
+        c.name
+        for c in catalog.columns
+        if c.dtype in ("INT32", "INT64", "TIMESTAMP")
+        and max(abs(c.min or 0), abs(c.max or 0)) > limit
+    ]
+    if not inexact:
+        return
+    shown = ", ".join(inexact[:8]) + (f" and {len(inexact) - 8} more" if len(inexact) > 8 else "")
+    hint = (
+        "pass dtype=torch.float64 (exact up to 2**53)"
+        if dtype != "float64"
+        else "their values beyond 2**53 are rounded"
+    )
+    warnings.warn(
+        f"integer columns {shown} hold values beyond {limit:,} (metadata min / max), where "
+        f"{dtype} cannot represent every integer: values will be rounded; {hint}",
+        stacklevel=5,
+    )
+
+
+def warn_if_batch_exceeds_cache(options: ReadOptions, rows: int, num_columns: int) -> None:
+    """Warn when one batch alone is larger than the streaming block cache."""
+    if options.cache != "none" or options.cache_bytes == 0:
+        return
+    cap = options.cache_bytes if options.cache_bytes is not None else cache_cap()
+    batch_bytes = rows * (num_columns * options.itemsize + 8)
+    if batch_bytes > cap:
+        warnings.warn(
+            f"one batch of {rows} rows x {num_columns} columns is {batch_bytes / 2**20:.0f} MiB, "
+            f"more than the streaming cache's {cap / 2**20:.0f} MiB: blocks cannot be cached and "
+            f"pages will be decoded more than once; use a smaller batch_size, fewer columns, or "
+            f"a larger cache_bytes",
+            stacklevel=4,
+        )
+
+
+class EpochSampler(tud.Sampler):
+    """The sampler of every map-style dataset: this rank's batches of each epoch, in order.
+
+    Each pass claims the dataset's next epoch in the main process (or the one ``set_epoch``
+    named), so any loader behaves the same; its batches are those
+    :meth:`DatasetCore.epoch_batches` gives, in the order a loader with ``num_workers`` workers
+    delivers them (:func:`~tsfile_torch.sampling.orders.delivered_order`), so each worker reads
+    its own stretch. It yields what the dataset's ``__getitem__`` / ``__getitems__`` takes: a
+    batch key (``batch_size=None``: the dataset yields whole batches) or a list of item indices
+    (use it as ``batch_sampler``). Its passes save and load (epoch, position), so
+    ``StatefulDataLoader`` resumes a pass by slicing the order.
+
+    Args:
+        dataset: a map-style tsfile-torch dataset.
+        batch_size: items per batch for datasets of single items (windows); ``None`` for
+            datasets whose items are batches.
+        num_workers: the loader's ``num_workers`` (the delivered order deals batches to them).
+    """
+
+    def __init__(self, dataset, batch_size: int | None = None, num_workers: int = 0):
+        if not isinstance(dataset, DatasetCore):
+            raise TypeError(
+                f"EpochSampler needs a tsfile-torch dataset; got {type(dataset).__name__}"
+            )
+        self.dataset = dataset
+        self.batch_size = check_int("batch_size", batch_size, 1, 2**40, allow_none=True)
+        self.num_workers = check_int("num_workers", num_workers, 0, 1024)
+        self._latest: _SamplerPass | None = None
+
+    def batches(self, epoch: int) -> list[np.ndarray]:
+        """Return this rank's batches of ``epoch`` (item arrays) in delivered order."""
+        batches = self.dataset.epoch_batches(epoch, self.batch_size)
+        return [batches[i] for i in orders.delivered_order(batches, self.num_workers)]
+
+    def identity(self) -> dict[str, Any]:
+        return {**self.dataset._identity(self.batch_size), state.NUM_WORKERS: self.num_workers}
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (of the pass in progress, else of the next)."""
+        if self._latest is not None and self._latest.cursor is not None:
+            return len(self._latest.cursor)
+        return len(self.dataset.epoch_batches(self.dataset.epoch or 0, self.batch_size))
+
+    def __iter__(self) -> Iterator:
+        self._latest = _SamplerPass(self)
+        return self._latest
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where the latest pass stands (see Note: resume)."""
+        if self._latest is None:
+            return state.pass_state(None, 0, 0, self.num_workers, self.identity())
+        return self._latest.state_dict()
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Make the next pass continue where ``saved`` stood."""
+        self._latest = _SamplerPass(self)
+        self._latest.load_state_dict(saved)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (the dataset's :meth:`DatasetCore.set_epoch`)."""
+        self.dataset.set_epoch(epoch)
+
+
+class _SamplerPass(Iterator):
+    """One pass of an :class:`EpochSampler`; claims its epoch at its first batch (lazily: a
+    DataLoader creates iterators it never uses). Its state is its (epoch, position)."""
+
+    def __init__(self, sampler: EpochSampler):
+        self.sampler = sampler
+        self.cursor: state.Cursor | None = None
+        self._pending: tuple[int, int] | None = None  # a loaded (epoch, position)
+
+    def _begin(self) -> None:
+        ds = self.sampler.dataset
+        if self._pending is not None:
+            epoch, position = self._pending
+            ds.epochs.record(epoch)
+        else:
+            epoch, position = ds.epochs.claim(), 0
+        self.cursor = state.Cursor(epoch, self.sampler.batches(epoch), position)
+
+    def __next__(self):
+        if self.cursor is None:
+            self._begin()
+        items = next(self.cursor)
+        return self.sampler.dataset._batch_key(items, self.sampler.batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.cursor is None:
+            epoch, position = self._pending or (None, 0)
+        else:
+            epoch, position = self.cursor.epoch, self.cursor.position
+        return state.pass_state(
+            epoch, position, 0, self.sampler.num_workers, self.sampler.identity()
+        )
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        epoch, position = state.check_state(saved, self.sampler.identity(), "EpochSampler")
+        self._pending = None if epoch is None else (epoch, position)
+        self.cursor = None

@@ -1,0 +1,212 @@
+"""Every process-wide effect of tsfile-torch, named, version-gated and switchable in one place.
+
+A library that reads files has no business changing its user's process; these are the few
+things that make reading TsFiles in DataLoader workers safe and fast, each documented where it
+lives, each tested on the versions in :data:`TESTED_ON`, each switched off with
+:func:`disable` (one name, several, or all), and each kept out of the user's process where it
+can be:
+
+=================  ==========================================================================
+``fork_fix``       after ``fork()`` the child's copy of tsfile's native pool pointer is nulled
+                   and rebuilt at its first read (Note: tsfile and fork,
+                   :mod:`tsfile_torch.native.forkfix`); off: workers start with forkserver.
+                   Registered at import (``os.register_at_fork``), acts in children only.
+``malloc``         glibc ``mallopt`` in processes that read (Note: malloc tuning,
+                   :mod:`tsfile_torch.native.malloc`): decode buffers stay mapped. Per dataset:
+                   ``malloc_tuning=False``.
+``worker_reports`` while a loader made by :func:`tsfile_torch.make_loader` is being iterated in
+                   the main thread, torch's SIGCHLD handler is wrapped so a worker killed by a
+                   signal is a :class:`~tsfile_torch.WorkerError` naming its read; the
+                   previous handler is restored when the iteration ends (exhausted, closed or
+                   dropped).
+``crash_report``   in DataLoader workers only: ``faulthandler`` writes a fatal-signal report
+                   (with the named frame of the native read, Note: fatal-signal report in
+                   :mod:`tsfile_torch.native.errors`) to a file that the main process quotes in
+                   the WorkerError, never to the terminal.
+``parent_guard``   in DataLoader workers only: a worker ends when the process that started it
+                   dies, even stuck in native code: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` when
+                   the loader was started from the main thread (the kernel sends it when the
+                   starting *thread* exits, and the main thread lives as long as the process),
+                   else a watchdog thread that polls the parent.
+=================  ==========================================================================
+
+Nothing here runs at import except registering the fork fix; nothing is left behind in the
+user's process after a loader finishes: its signal handlers, ``faulthandler`` state and
+``multiprocessing`` settings are what they were before (workers are ours: they keep theirs).
+A dataset build never forks a process that runs other threads (see
+:mod:`tsfile_torch.integrity.validate`).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import os
+import signal
+import threading
+import weakref
+
+from tsfile_torch.integrity.reports import ReadSlots, crash_report_path, explain_worker_failure
+from tsfile_torch.native import forkfix, malloc
+
+__all__ = ["EFFECTS", "TESTED_ON", "LoaderScope", "disable", "enable", "enabled", "start_worker"]
+
+#: The effects by name (see the module notes).
+EFFECTS = ("fork_fix", "malloc", "worker_reports", "crash_report", "parent_guard")
+#: Versions each effect was tested on; elsewhere the effect stays off.
+TESTED_ON = {
+    "fork_fix": f"tsfile {', '.join(forkfix.TESTED_VERSIONS)} (Linux)",
+    "malloc": malloc.TESTED_ON,
+    "worker_reports": "torch 2.1 to 2.13 (its SIGCHLD handler)",
+    "crash_report": "CPython 3.10 to 3.13 (faulthandler)",
+    "parent_guard": "Linux (prctl)",
+}
+_on = {name: True for name in EFFECTS}
+_on["worker_reports"] = _on["worker_reports"] and hasattr(signal, "SIGCHLD")
+
+
+def _check(names) -> tuple[str, ...]:
+    names = names or EFFECTS
+    unknown = [n for n in names if n not in EFFECTS]
+    if unknown:
+        raise ValueError(f"unknown process effects {unknown}; they are {', '.join(EFFECTS)}")
+    return tuple(names)
+
+
+def disable(*names: str) -> None:
+    """Switch effects off in this process (no names: all of them)."""
+    for name in _check(names):
+        _on[name] = False
+    if "fork_fix" in names or not names:
+        forkfix.disable()
+    if "malloc" in names or not names:
+        malloc.enabled = False
+
+
+def enable(*names: str) -> None:
+    """Switch effects back on (the fork fix cannot be switched on again once off)."""
+    for name in _check(names):
+        _on[name] = name != "fork_fix" or forkfix.fork_safe()
+    if "malloc" in names or not names:
+        malloc.enabled = True
+
+
+def enabled(name: str) -> bool:
+    """Return whether effect ``name`` is on."""
+    return _on[_check([name])[0]]
+
+
+# -- in the main process, while a loader runs ---------------------------------------------------
+#: read slots of the datasets whose loaders are being iterated (for the SIGCHLD path)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_SCOPES = 0
+_PREVIOUS_SIGCHLD = None
+
+
+class _AllSlots:
+    def read_all(self) -> dict[int, str]:
+        out: dict[int, str] = {}
+        for scope in list(_LIVE):
+            if scope.slots is not None:
+                out.update(scope.slots.read_all())
+        return out
+
+
+def _sigchld(signum, frame):
+    try:
+        _PREVIOUS_SIGCHLD(signum, frame)
+    except RuntimeError as err:
+        better = explain_worker_failure(err, _AllSlots())
+        if better is None:
+            raise
+        raise better from err
+
+
+class LoaderScope:
+    """The main-process effects of one loader iteration, undone by :meth:`close`.
+
+    torch's DataLoader raises "worker ... is killed by signal" from its SIGCHLD handler, so the
+    error may surface anywhere in the main thread, outside the loader's ``__next__``; while
+    scopes are open the handler is wrapped to raise a WorkerError instead. The wrapper is
+    installed over torch's handler when the first scope opens and the handler found then is
+    put back when the last one closes.
+    """
+
+    def __init__(self, slots: ReadSlots | None, has_workers: bool):
+        global _SCOPES, _PREVIOUS_SIGCHLD
+        self.slots = slots
+        self.open = False
+        in_main = threading.current_thread() is threading.main_thread()
+        if not (has_workers and _on["worker_reports"] and in_main):
+            return
+        self.open = True
+        _LIVE.add(self)
+        if _SCOPES == 0:
+            current = signal.getsignal(signal.SIGCHLD)
+            if callable(current):
+                _PREVIOUS_SIGCHLD = current
+                signal.signal(signal.SIGCHLD, _sigchld)
+        _SCOPES += 1
+
+    def close(self) -> None:
+        """Undo this scope's effects (idempotent; main thread only)."""
+        global _SCOPES, _PREVIOUS_SIGCHLD
+        if not self.open or threading.current_thread() is not threading.main_thread():
+            return
+        self.open = False
+        _LIVE.discard(self)
+        _SCOPES -= 1
+        if _SCOPES == 0 and _PREVIOUS_SIGCHLD is not None:
+            if signal.getsignal(signal.SIGCHLD) is _sigchld:
+                signal.signal(signal.SIGCHLD, _PREVIOUS_SIGCHLD)
+            _PREVIOUS_SIGCHLD = None
+
+    __del__ = close
+
+
+# -- in DataLoader workers ----------------------------------------------------------------------
+_PR_SET_PDEATHSIG = 1
+
+
+def start_worker(parent_pid: int, started_from_main_thread: bool) -> None:
+    """Set up a DataLoader worker of a :func:`tsfile_torch.make_loader` loader (its init)."""
+    if _on["crash_report"]:
+        path = crash_report_path(os.getpid())
+        try:  # a worker's own report, quoted by the main process (Note: fatal-signal report)
+            report = open(path, "w")  # noqa: SIM115 - open for the worker's life
+            faulthandler.enable(file=report)
+        except (OSError, RuntimeError, ValueError):
+            pass
+        else:  # a worker that ends normally leaves nothing behind (a crash skips this)
+            from multiprocessing import util
+
+            util.Finalize(None, _remove, args=(path,), exitpriority=0)
+    if _on["parent_guard"]:
+        _guard_parent(parent_pid, started_from_main_thread)
+
+
+def _guard_parent(parent_pid: int, use_prctl: bool) -> None:
+    if use_prctl:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+                if os.getppid() != parent_pid:  # it died before prctl
+                    os.kill(os.getpid(), signal.SIGKILL)
+                return
+        except (OSError, AttributeError):
+            pass
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                os.kill(os.getpid(), signal.SIGKILL)
+            threading.Event().wait(0.5)
+
+    threading.Thread(target=watch, name="tsfile-torch-parent-guard", daemon=True).start()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,220 @@
+"""The one epoch / position / state mechanism of every dataset.
+
+- :class:`EpochCounter`: which epoch the next pass over a dataset is (Note: epoch word).
+- :class:`Cursor`: one pass: its epoch, its batches and how many it has handed out. A pass owns
+  its position: two passes over one dataset never share or move each other's counter.
+- :func:`pass_state` / :func:`check_state`: the one ``state_dict`` layout and its one check,
+  used by the iterable datasets' passes and by :class:`~tsfile_torch.data.core.EpochSampler`.
+
+Note: epoch word. Every pass over a dataset is the next epoch unless ``set_epoch`` named one.
+The epoch lives in one 64-bit word of shared memory created with the dataset (the main process
+owns it; fork, forkserver and spawn workers all map it): the epoch of the latest pass, whether
+``set_epoch`` wrote it since (then the next pass takes it as is), and who claimed it: the pid of
+that pass's worker 0 and a tag of the pass (from the loader's base seed, drawn in the main
+process for every new iterator, and the number of passes the worker's copy of the dataset has
+made, which tells a persistent worker's passes apart). Worker 0 claims each pass and writes
+the word; every other worker computes the same epoch from the word it reads, without waiting:
+a word with its own tag written by a live worker 0 is its pass's claim, any other word is the
+state before that claim. A dead claimer means an earlier loader, even if its tag is the same (a
+DataLoader rebuilt each epoch with the same seeded generator). A pass in the main process (no
+workers, or a sampler) claims for itself. One word is read and written whole, so no lock is
+needed. Limit: with workers, one loader at a time iterates one dataset object
+(:func:`tsfile_torch.make_loader` refuses a second one while the first runs).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from multiprocessing import context, sharedctypes
+from typing import Any, NamedTuple
+
+import numpy as np
+
+__all__ = [
+    "MAX_EPOCH",
+    "Cursor",
+    "EpochCounter",
+    "SharedInt",
+    "check_state",
+    "pass_state",
+    "pass_tag",
+]
+
+#: Largest epoch the epoch word holds.
+MAX_EPOCH = (1 << 24) - 2
+_PID_BITS, _TAG_BITS = 22, 16  # Linux pids fit 22 bits; elsewhere they are masked to 22
+
+# state_dict keys
+EPOCH, POSITION, WORKER, NUM_WORKERS = "epoch", "position", "worker", "num_workers"
+RANK, WORLD_SIZE, ORDER, LAYOUT = "rank", "world_size", "order", "layout"
+
+
+class _Word(NamedTuple):
+    epoch: int  # -1: no pass yet
+    explicit: bool  # set_epoch wrote it: the next pass takes it as is
+    pid: int  # worker 0 that claimed it, masked to 22 bits; 0: a main-process pass
+    tag: int  # tag of the claiming pass (pass_tag); 0: a main-process pass or set_epoch
+
+
+def _pack(epoch: int, explicit: bool, pid: int = 0, tag: int = 0) -> int:
+    pid &= (1 << _PID_BITS) - 1
+    word = (epoch + 1) << 1 | int(explicit)
+    return (word << _PID_BITS | pid) << _TAG_BITS | tag
+
+
+def _unpack(word: int) -> _Word:
+    tag = word & ((1 << _TAG_BITS) - 1)
+    pid = (word >> _TAG_BITS) & ((1 << _PID_BITS) - 1)
+    rest = word >> (_TAG_BITS + _PID_BITS)
+    return _Word((rest >> 1) - 1, bool(rest & 1), pid, tag)
+
+
+def pass_tag(base_seed: int, passes: int) -> int:
+    """Return the tag of a DataLoader pass, in ``[1, 65535]`` (see Note: epoch word).
+
+    Consecutive passes of the same workers (``passes`` and ``passes + 1``) never share a tag.
+    """
+    mixed = int(np.random.SeedSequence(base_seed % (1 << 64)).generate_state(1)[0])
+    return 1 + (mixed + passes) % ((1 << _TAG_BITS) - 1)
+
+
+def _alive(pid: int) -> bool:
+    """Return whether process ``pid`` (masked as in the epoch word) runs now; 0 never does."""
+    if pid == 0:
+        return False
+    if os.name != "posix":  # os.kill(pid, 0) would terminate it on Windows: trust the tag alone
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class SharedInt:
+    """One int64 shared with DataLoader workers (read and written whole: no lock needed).
+
+    Pickled into workers being started (any start method) it stays shared; pickled otherwise
+    (a checkpoint, a copy) it takes the value.
+    """
+
+    def __init__(self, value: int):
+        self._raw = sharedctypes.RawValue("q", value)
+
+    @property
+    def value(self) -> int:
+        return int(self._raw.value)
+
+    @value.setter
+    def value(self, value: int) -> None:
+        self._raw.value = value
+
+    def __getstate__(self):
+        if context.get_spawning_popen() is not None:
+            return {"raw": self._raw}
+        return {"value": self.value}
+
+    def __setstate__(self, state):
+        self._raw = state.get("raw") or sharedctypes.RawValue("q", state["value"])
+
+
+class EpochCounter:
+    """The epoch of the latest pass over one dataset, shared with its DataLoader workers."""
+
+    def __init__(self):
+        self._word = SharedInt(_pack(-1, False))
+
+    @property
+    def latest(self) -> int | None:
+        """Epoch of the latest pass, or the one ``set`` named; ``None`` before any."""
+        epoch = _unpack(self._word.value).epoch
+        return None if epoch < 0 else epoch
+
+    def set(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch``."""
+        self._word.value = _pack(epoch, True)
+
+    def claim(self, tag: int = 0, leader: bool = True) -> int:
+        """Return the epoch of a new pass; the leader (worker 0, or the main process) records it.
+
+        ``tag`` 0 is a pass of the main process (always its own leader).
+        """
+        word = _unpack(self._word.value)
+        if not leader and tag == word.tag and _alive(word.pid):
+            return word.epoch  # this pass's worker 0 has claimed it already
+        epoch = word.epoch if word.explicit else word.epoch + 1
+        if leader:
+            self.record(epoch, tag)
+        return epoch
+
+    def record(self, epoch: int, tag: int = 0) -> None:
+        """Record that a pass (``tag`` of this process; 0: main) runs ``epoch``."""
+        self._word.value = _pack(epoch, False, os.getpid() if tag else 0, tag)
+
+
+def pass_state(
+    epoch: int | None, position: int, worker: int, num_workers: int, identity: dict
+) -> dict[str, Any]:
+    """Return the state of a pass: where it stands, and what its order depends on."""
+    return {EPOCH: epoch, POSITION: position, WORKER: worker, NUM_WORKERS: num_workers, **identity}
+
+
+def check_state(state: Any, identity: dict, owner: str) -> tuple[int | None, int]:
+    """Return (epoch, position) of ``state`` after checking it was saved with ``identity``.
+
+    Raises:
+        ValueError: a key is missing, or the state was saved with another order, seed, rank,
+            world size, batch size or data layout (the message names the first difference).
+    """
+    keys = [EPOCH, POSITION, *identity]
+    if not isinstance(state, dict) or not set(keys) <= set(state):
+        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise ValueError(f"a state_dict of {owner} needs the keys {sorted(keys)}; got {got}")
+    for key, mine in identity.items():
+        theirs = state[key]
+        if _plain(theirs) != _plain(mine):
+            raise ValueError(
+                f"cannot load this state_dict into {owner}: it was saved with {key}={theirs!r}, "
+                f"this one has {key}={mine!r}; build the dataset and loader (and the process "
+                f"group) as when the state was saved"
+            )
+    epoch, position = state[EPOCH], state[POSITION]
+    if epoch is None:
+        return None, 0
+    if not (isinstance(epoch, int) and 0 <= epoch <= MAX_EPOCH and isinstance(position, int)):
+        raise ValueError(f"state_dict of {owner}: bad epoch / position {epoch!r} / {position!r}")
+    return epoch, position
+
+
+def _plain(value):
+    """Compare lists and tuples alike (a state may come back from JSON or torch.load)."""
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _plain(v) for k, v in value.items()}
+    return value
+
+
+class Cursor(Iterator[np.ndarray]):
+    """One pass: its epoch and batches, and how many it has handed out (its position)."""
+
+    def __init__(self, epoch: int, batches: Sequence[np.ndarray], position: int = 0):
+        if not 0 <= position <= len(batches):
+            raise ValueError(
+                f"cannot resume epoch {epoch} at batch {position}: it has {len(batches)} batches"
+            )
+        self.epoch = epoch
+        self.batches = batches
+        self.position = position
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __next__(self) -> np.ndarray:
+        if self.position >= len(self.batches):
+            raise StopIteration
+        self.position += 1  # before handing out: a state read next counts this batch
+        return self.batches[self.position - 1]

@@ -1,0 +1,340 @@
+"""The Source protocol and the one registry that turns user input into sources.
+
+A source is one TsFile as the rest of the package sees it: a printable ``name``, a ``key`` that
+tells two sources apart, what ``TsFileReader`` opens in this process, whether that can be memory
+mapped, an identity to detect changes, and what a validation child can open. Three kinds:
+
+- :class:`LocalFile`: a path (also ``file://`` URLs, directories and globs expand into these);
+- :class:`FileObject`: a seekable binary file object (``io.BytesIO``, an open file);
+- :class:`~tsfile_torch.sources.remote.RemoteFile`: an fsspec URL read through a local copy.
+
+Every other module asks the source, never its type (Note: one registry): adding a kind means one
+class and one :func:`register` call in this package.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import glob
+import io
+import os
+import stat
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import IO, Any
+
+from tsfile_torch.errors import TsFileFormatError
+
+__all__ = [
+    "FileObject",
+    "LocalFile",
+    "Source",
+    "SourceLike",
+    "as_source",
+    "expand_sources",
+    "os_error",
+    "register",
+]
+
+#: What datasets accept as one source (or a list of them).
+SourceLike = str | os.PathLike | IO[bytes] | "Source"
+
+
+class Source:
+    """One TsFile. Picklable; holds no native handle (readers live in the process using them)."""
+
+    #: printable name: the path, the URL, or the file object's name
+    name: str
+    #: True when tsfile can memory-map what :meth:`reader_target` returns (a regular file)
+    can_map: bool = False
+
+    @property
+    def key(self) -> str:
+        """Tell sources apart (duplicates given twice are read once)."""
+        return self.name
+
+    def size(self) -> int:
+        """Return the size in bytes now."""
+        raise NotImplementedError
+
+    def identity(self) -> tuple | None:
+        """Return what change detection compares (``None``: this kind cannot be checked)."""
+        return None
+
+    def check_unchanged(self, identity: tuple | None) -> None:
+        """Raise TsFileFormatError if the source no longer has ``identity``."""
+
+    def reader_target(self) -> str | IO[bytes]:
+        """Return what ``TsFileReader`` opens in this process (a path or a file object)."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def metadata_target(self) -> Iterator[str | IO[bytes]]:
+        """Yield what the catalog reads metadata through (remote: range reads, no download)."""
+        yield self.reader_target()
+
+    def mapped_path(self) -> str | None:
+        """Return the path whose mapping ``/proc/self/maps`` shows once a reader is open."""
+        return None
+
+    def index_key(self) -> str | None:
+        """Return a key for caching derived data on disk (``None``: memory only)."""
+        return None
+
+    @contextlib.contextmanager
+    def for_child(self) -> Iterator[Source]:
+        """Yield a source a fresh interpreter can open (picklable by value)."""
+        yield self
+
+
+def _stat_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
+
+
+_IDENTITY_FIELDS = ("size", "mtime", "ctime", "inode", "device")
+
+
+@dataclass(frozen=True)
+class LocalFile(Source):
+    """A TsFile on a local file system, by path."""
+
+    path: str
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.path
+
+    @property
+    def key(self) -> str:
+        return os.path.realpath(self.path)
+
+    @property
+    def can_map(self) -> bool:  # type: ignore[override]
+        try:
+            return stat.S_ISREG(os.stat(self.path).st_mode)
+        except OSError:
+            return False
+
+    def size(self) -> int:
+        return os.stat(self.path).st_size
+
+    def identity(self) -> tuple:
+        """Return (size, mtime, ctime, inode, device): ctime moves on every write, the inode on
+        a rename over the file, whatever ``cp -p`` / ``rsync -t`` do to mtime."""
+        return _stat_identity(os.stat(self.path))
+
+    def check_unchanged(self, identity: tuple | None) -> None:
+        try:
+            now = _stat_identity(os.stat(self.path))
+        except OSError as err:
+            raise TsFileFormatError(
+                f"{self.name}: file disappeared while in use ({err}); files must not be moved "
+                f"or deleted while a dataset reads them: rebuild the dataset"
+            ) from err
+        if identity is not None and now != identity:
+            what = [n for n, a, b in zip(_IDENTITY_FIELDS, identity, now, strict=True) if a != b]
+            raise TsFileFormatError(
+                f"{self.name}: file changed while in use ({', '.join(what)} changed; size "
+                f"{identity[0]} -> {now[0]}); files must not be modified, replaced or truncated "
+                f"while a dataset reads them: rebuild the dataset"
+            )
+
+    def reader_target(self) -> str:
+        if not self.can_map:
+            if not os.path.exists(self.path):
+                missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+                raise os_error(self.name, missing)
+            raise TsFileFormatError(
+                f"{self.name}: not a regular file; TsFiles are read from regular files or "
+                f"seekable binary file objects"
+            )
+        _check_openable(self.path, self.name)
+        return self.path
+
+    def mapped_path(self) -> str:
+        return os.path.realpath(self.path)
+
+    def index_key(self) -> str:
+        return repr((self.key, *self.identity()))
+
+
+@dataclass(frozen=True, eq=False)
+class FileObject(Source):
+    """A seekable binary file object; read through tsfile's Python callbacks (never mapped)."""
+
+    fileobj: Any = field(repr=False)
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        name = getattr(self.fileobj, "name", None)
+        return name if isinstance(name, str) else f"<{type(self.fileobj).__name__} object>"
+
+    @property
+    def key(self) -> str:
+        return f"fileobj:{id(self.fileobj)}"
+
+    def size(self) -> int:
+        pos = self.fileobj.tell()
+        size = self.fileobj.seek(0, os.SEEK_END)
+        self.fileobj.seek(pos)
+        return size
+
+    def reader_target(self) -> IO[bytes]:
+        fh = self.fileobj
+        if isinstance(fh, io.IOBase) and not fh.seekable():
+            raise TsFileFormatError(
+                f"{self.name}: file object is not seekable; TsFileReader needs seek()"
+            )
+        fh.seek(0)
+        return fh
+
+    @contextlib.contextmanager
+    def for_child(self) -> Iterator[Source]:
+        """A temporary copy of the bytes: a fresh interpreter cannot share a file object."""
+        fd, path = tempfile.mkstemp(suffix=".tsfile")
+        try:
+            with os.fdopen(fd, "wb") as out:
+                self.fileobj.seek(0)
+                while chunk := self.fileobj.read(1 << 20):
+                    out.write(chunk)
+            self.fileobj.seek(0)
+            yield _NamedCopy(path, self.name)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
+@dataclass(frozen=True)
+class _NamedCopy(LocalFile):
+    """A local copy that keeps the original's name in messages."""
+
+    shown: str = ""
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.shown
+
+
+#: errno -> what to say and what to do, for errors opening a file by path.
+_ERRNO_HINTS = {
+    errno.EMFILE: "too many open files (raise ulimit -n or lower max_open_files)",
+    errno.ENFILE: "too many open files in the system (raise fs.file-max or lower max_open_files)",
+    errno.EACCES: "permission denied (check the file's permissions)",
+    errno.EPERM: "operation not permitted (check the file's permissions)",
+    errno.ENOENT: "no such file (it was moved or deleted; check the path)",
+}
+
+
+def os_error(name: str, err: OSError) -> TsFileFormatError:
+    """Return a TsFileFormatError for ``err`` that keeps its errno and says what to do."""
+    hint = _ERRNO_HINTS.get(err.errno, err.strerror or str(err))
+    out = TsFileFormatError(f"{name}: cannot open: {hint} [errno {err.errno}]")
+    out.errno = err.errno
+    return out
+
+
+def _check_openable(path: str, name: str) -> None:
+    """Open and close ``path`` once so that errno survives (tsfile's own error drops it)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+    except OSError as err:
+        raise os_error(name, err) from err
+    os.close(fd)
+
+
+# -- the registry -----------------------------------------------------------------------------
+#: (recognizer, expander): the first recognizer that accepts an item expands it into sources
+_KINDS: list[tuple[Callable[[Any], bool], Callable[[Any, Any], list[Source]]]] = []
+
+
+def register(recognizes: Callable[[Any], bool], expand: Callable[[Any, Any], list[Source]]) -> None:
+    """Add a source kind: ``expand(item, remote_options)`` for items ``recognizes(item)`` accepts.
+
+    Kinds registered later are tried first.
+    """
+    _KINDS.insert(0, (recognizes, expand))
+
+
+def _expand_local(item: str | os.PathLike, remote_options) -> list[Source]:
+    path = os.fspath(item)
+    if path.startswith("file://"):
+        from tsfile_torch.sources.remote import file_url_path
+
+        path = file_url_path(path)
+    if os.path.isdir(path):
+        pattern = os.path.join(glob.escape(path), "*.tsfile")
+        found = sorted(p for p in glob.glob(pattern) if not os.path.isdir(p))
+        if not found:
+            raise TsFileFormatError(
+                f"{path}: directory holds no *.tsfile files; point at a directory of "
+                f"TsFiles, a file, or a glob pattern"
+            )
+        return [LocalFile(p) for p in found]
+    if os.path.exists(path):
+        return [LocalFile(path)]
+    if glob.has_magic(path):
+        found = sorted(p for p in glob.glob(path) if not os.path.isdir(p))
+        if not found:
+            raise TsFileFormatError(f"{path}: glob pattern matches no files")
+        return [LocalFile(p) for p in found]
+    raise TsFileFormatError(f"{path}: no such file or directory; check the path")
+
+
+register(lambda item: isinstance(item, (str, os.PathLike)), _expand_local)
+register(lambda item: hasattr(item, "read") and hasattr(item, "seek"), lambda f, _: [FileObject(f)])
+register(lambda item: isinstance(item, Source), lambda s, _: [s])
+
+
+def as_source(item: Any) -> Source:
+    """Return one path or file object as a :class:`Source` (no directory or glob expansion)."""
+    if isinstance(item, Source):
+        return item
+    if isinstance(item, (str, os.PathLike)):
+        path = os.fspath(item)
+        if path.startswith("file://"):
+            from tsfile_torch.sources.remote import file_url_path
+
+            path = file_url_path(path)
+        return LocalFile(path)
+    if hasattr(item, "read") and hasattr(item, "seek"):
+        return FileObject(item)
+    raise TypeError(f"a source must be a path or a binary file object; got {item!r}")
+
+
+def expand_sources(sources: Any, remote_options=None) -> list[Source]:
+    """Expand paths, directories (their ``*.tsfile``, sorted), globs, URLs and file objects.
+
+    Args:
+        sources: one item or a list of them.
+        remote_options: :class:`~tsfile_torch.sources.remote.RemoteOptions` for URLs.
+
+    Raises:
+        TypeError: an item of no known kind.
+        TsFileFormatError: a path does not exist, a directory holds no ``*.tsfile``, a glob
+            matches nothing, or nothing was given. RemoteError: a URL cannot be listed.
+    """
+    import tsfile_torch.sources.remote  # noqa: F401 - registers URLs
+
+    if isinstance(sources, (str, os.PathLike, Source)) or hasattr(sources, "read"):
+        sources = [sources]
+    if not isinstance(sources, Sequence) or isinstance(sources, (bytes, bytearray)):
+        raise TypeError(
+            f"sources must be a path, a directory, a glob pattern, a URL, a binary file object "
+            f"or a list of them; got {type(sources).__name__}"
+        )
+    out: dict[str, Source] = {}
+    for item in sources:
+        for recognizes, expand in _KINDS:
+            if recognizes(item):
+                for source in expand(item, remote_options):
+                    out.setdefault(source.key, source)
+                break
+        else:
+            raise TypeError(
+                f"each source must be a path, a URL or a binary file object; got {item!r}"
+            )
+    if not out:
+        raise TsFileFormatError("no sources given; pass at least one TsFile path")
+    return list(out.values())
