@@ -125,14 +125,68 @@ def test_scale_benchmark_quick_run_reports_every_target(tmp_path):
 
 
 def test_checksum_sees_rows_and_columns_moved(tiny_dir):
-    from tsfile_torch.bench.reference import checksum
+    from tsfile_torch.bench.harness import checksum
 
     batch = torch.cat(list(TsFileIterableDataset(tiny_dir, batch_size=3000))).numpy()[:500]
     base = checksum(batch)
     assert checksum(batch.copy()) == base
+    assert checksum(np.asfortranarray(batch)) == base  # equal values, other memory layout
+    assert checksum(torch.from_numpy(batch)) == base
     assert checksum(batch[[1, 0, *range(2, 500)]]) != base  # two rows swapped
     assert checksum(batch[:, [1, 0, 2, 3]]) != base  # two columns swapped
     assert checksum(np.roll(batch, 1, axis=0)) != base  # a window shifted by one row
     other = batch.copy()
     other[7, 2], other[9, 3] = other[9, 3], other[7, 2]  # two values traded places
     assert checksum(other) != base
+
+
+def test_checksum_weighs_each_bit_pattern_by_its_flat_position():
+    from tsfile_torch.bench.harness import checksum
+
+    values = np.random.default_rng(0).standard_normal((3, 5, 4)).astype(np.float32)
+    bits = values.view(np.uint32).ravel().tolist()
+    expected = sum(b * (2 * p + 1) for p, b in enumerate(bits)) % 2**64
+    assert checksum(values) == expected  # the same number in every process and version
+    assert checksum(values[:0]) == 0
+
+
+def test_checksum_per_item_ignores_window_order_not_steps_inside_a_window():
+    from tsfile_torch.bench.harness import checksum
+
+    windows = np.random.default_rng(1).standard_normal((6, 10, 3)).astype(np.float32)
+    base = checksum(windows, per_item=True)
+    assert base == sum(checksum(w) for w in windows) % 2**64
+    assert checksum(windows[::-1], per_item=True) == base  # windows in another order
+    assert checksum(windows[::-1]) != checksum(windows)  # but not for a whole batch
+    steps = windows.copy()
+    steps[2, [0, 1]] = steps[2, [1, 0]]  # two time steps of one window swapped
+    assert checksum(steps, per_item=True) != base
+    fields = windows[:, :, [1, 0, 2]]  # two fields swapped
+    assert checksum(fields, per_item=True) != base
+
+
+def test_repeat_reports_warmups_apart_and_rejects_bad_rounds():
+    from tsfile_torch.bench.harness import repeat
+
+    calls = []
+    timings = repeat(lambda i: i * 10, 3, warmup=2, before=calls.append)
+    assert calls == [0, 1, 2, 3, 4]
+    assert timings.results == [20, 30, 40]
+    assert len(timings.seconds) == 3 and len(timings.warmup_seconds) == 2
+    assert timings.min <= timings.median <= max(timings.seconds)
+    with pytest.raises(ValueError, match="rounds=0"):
+        repeat(lambda i: i, 0)
+
+
+def test_write_json_puts_the_environment_on_every_line_and_appends(tmp_path):
+    from tsfile_torch.bench.harness import write_json
+
+    out = tmp_path / "records.jsonl"
+    write_json([{"route": "a"}, {"route": "b"}], str(out))
+    write_json([{"route": "c", "environment": {"cpus": 1}}], str(out), append=True)
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["route"] for r in records] == ["a", "b", "c"]
+    assert {"python", "torch", "tsfile", "cpu", "kernel"} <= set(records[0]["environment"])
+    assert records[2]["environment"] == {"cpus": 1}  # a record read back keeps its own
+    write_json([{"route": "d"}], str(out))
+    assert len(out.read_text().splitlines()) == 1

@@ -5,25 +5,22 @@ dataset and loader, run ``epochs`` sequential epochs (the first reported apart: 
 start and reader opens), then ``random_batches`` random windows. Rounds alternate the order of
 configurations. Every configuration's checksum must equal the memory-copy reference's, so a fast
 wrong path cannot win: each batch's checksum weighs every float32 bit pattern by its row and
-column inside the batch (:func:`checksum`), so permuted rows, swapped columns or a shifted
-window change it; batches are summed, as workers legitimately interleave them.
+column inside the batch (:func:`tsfile_torch.bench.harness.checksum`), so permuted rows, swapped
+columns or a shifted window change it; batches are summed, as workers legitimately interleave
+them.
 
-Timing uses ``time.perf_counter``; ratios to each baseline are taken pair by pair inside a round
-(``baseline seconds / configuration seconds``, > 1 means faster than the baseline), then the
-median over rounds is reported.
+Epochs are timed by :func:`tsfile_torch.bench.harness.repeat` (``time.perf_counter``); ratios
+to each baseline are taken pair by pair inside a round (``baseline seconds / configuration
+seconds``, > 1 means faster than the baseline), then the median over rounds is reported.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import platform
 import resource
 import statistics
-import sys
 import tempfile
-import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import torch
@@ -31,6 +28,14 @@ import torch.utils.data as tud
 from tqdm import tqdm
 
 from tsfile_torch import synthetic
+from tsfile_torch.bench.harness import (
+    Timings,
+    consume,
+    environment,
+    later_epochs,
+    min_median,
+    repeat,
+)
 from tsfile_torch.catalog.build import expand_sources
 from tsfile_torch.data.rows import TsFileIterableDataset
 from tsfile_torch.loader import make_loader, worker_context
@@ -99,29 +104,6 @@ def default_configs(
 
 
 # -- measuring helpers ----------------------------------------------------------------------
-def checksum(values: np.ndarray) -> int:
-    """Return a position-dependent exact checksum of one batch, modulo 2**64.
-
-    ``sum(bits[i, j] * (2 * (i * num_columns + j) + 1))`` over the float32 bit patterns: every
-    position has its own odd weight, so moving a value to another row or column changes the
-    sum (unless the values there have the same bits). Computed as two reductions (by row and by
-    column), cheap next to reading the batch.
-    """
-    as32 = np.ascontiguousarray(values, dtype=np.float32)
-    bits = as32.view(np.uint32).reshape(as32.shape[0], -1)
-    rows, cols = bits.shape
-    by_row = bits.sum(axis=1, dtype=np.uint64)
-    by_col = bits.sum(axis=0, dtype=np.uint64)
-    # weight(i, j) = 2 * cols * i + 2 * j + 1 splits into a row part and a column part
-    row_weight = np.arange(rows, dtype=np.uint64) * np.uint64(2 * cols)
-    col_weight = np.arange(cols, dtype=np.uint64) * np.uint64(2) + np.uint64(1)
-    with np.errstate(over="ignore"):
-        total = (by_row * row_weight).sum(dtype=np.uint64) + (by_col * col_weight).sum(
-            dtype=np.uint64
-        )
-    return int(total)
-
-
 def _proc_faults(pid: int) -> tuple[int, int]:
     with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
         fields = fh.read().rsplit(")", 1)[1].split()
@@ -207,23 +189,6 @@ class _ArrayBatches(tud.IterableDataset):
 
 
 # -- one configuration ----------------------------------------------------------------------
-@dataclass
-class _Epochs:
-    seconds: list[float] = field(default_factory=list)
-    checksums: list[int] = field(default_factory=list)
-    rows: list[int] = field(default_factory=list)
-
-
-def _consume(batches) -> tuple[float, int, int]:
-    start = time.perf_counter()
-    total, rows = 0, 0
-    for b in batches:
-        values = b.numpy() if isinstance(b, torch.Tensor) else b
-        total = (total + checksum(values)) % (1 << 64)
-        rows += values.shape[0]
-    return time.perf_counter() - start, total, rows
-
-
 class _Runner:
     """Builds the loaders of one configuration and times sequential and random epochs."""
 
@@ -280,7 +245,6 @@ class _Runner:
             evict_from_page_cache(self.paths)
         _reset_hwm()
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
-        seq, rnd = _Epochs(), _Epochs()
         worker_faults, worker_hwm = [0, 0], 0
         rss: list[float] = []  # after each epoch: this process + live workers
         if cfg.kind == "dataframe":
@@ -298,24 +262,30 @@ class _Runner:
                 **kwargs,
             )
             try:
-                for _ in range(self.plan.epochs):
-                    s, c, r = _consume(self._dataframe_batches(frame, self.seq_starts))
-                    seq.seconds.append(s), seq.checksums.append(c), seq.rows.append(r)
-                s, c, r = _consume(self._dataframe_batches(frame, self.rand_starts))
-                rnd.seconds.append(s), rnd.checksums.append(c), rnd.rows.append(r)
+                seq = repeat(
+                    lambda _: consume(self._dataframe_batches(frame, self.seq_starts)),
+                    self.plan.epochs,
+                )
+                rnd = repeat(lambda _: consume(self._dataframe_batches(frame, self.rand_starts)), 1)
             finally:
                 frame.close()
         else:
             build = self._tsfile_torch if cfg.kind == "tsfile-torch" else self._memcopy
             ds, loader = build(cfg)  # one loader: its readers and caches serve every epoch
-            for epoch in range(self.plan.epochs + 1):
-                random = epoch == self.plan.epochs
-                ds.set_epoch(0 if random else epoch)
-                ds.set_random_batches(self.plan.random_batches if random else None)
-                s, c, r = _consume(loader)
-                out = rnd if random else seq
-                out.seconds.append(s), out.checksums.append(c), out.rows.append(r)
-                rss.append(_loader_rss_mib(loader))
+
+            def epochs(random: bool) -> Timings:
+                def before(epoch: int) -> None:
+                    ds.set_epoch(epoch)
+                    ds.set_random_batches(self.plan.random_batches if random else None)
+
+                return repeat(
+                    lambda _: consume(loader),
+                    1 if random else self.plan.epochs,
+                    before=before,
+                    after=lambda *_: rss.append(_loader_rss_mib(loader)),
+                )
+
+            seq, rnd = epochs(random=False), epochs(random=True)
             it = getattr(loader, "_iterator", None)
             for w in getattr(it, "_workers", []):  # live workers: read their /proc entries
                 if os.path.exists(f"/proc/{w.pid}"):
@@ -329,11 +299,11 @@ class _Runner:
             "config": cfg.name,
             **asdict(cfg),
             "seq_seconds": seq.seconds,
-            "seq_checksums": seq.checksums,
-            "seq_rows": seq.rows,
+            "seq_checksums": [r.checksum for r in seq.results],
+            "seq_rows": [r.rows for r in seq.results],
             "random_seconds": rnd.seconds[0],
-            "random_checksum": rnd.checksums[0],
-            "random_rows": rnd.rows[0],
+            "random_checksum": rnd.results[0].checksum,
+            "random_rows": rnd.results[0].rows,
             "minflt": usage1.ru_minflt - usage0.ru_minflt + worker_faults[0],
             "majflt": usage1.ru_majflt - usage0.ru_majflt + worker_faults[1],
             "peak_rss_mib": round(
@@ -341,38 +311,6 @@ class _Runner:
             ),
             "rss_mib_after_epoch": rss,
         }
-
-
-def environment() -> dict:
-    import tsfile
-
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            cpu = next(
-                (ln.split(":", 1)[1].strip() for ln in fh if ln.startswith("model name")), cpu
-            )
-    except OSError:
-        pass
-    return {
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
-        "tsfile": getattr(tsfile, "__version__", _dist_version("tsfile")),
-        "numpy": np.__version__,
-        "cpu": cpu,
-        "cpus": os.cpu_count(),
-        "kernel": platform.release(),
-        "platform": platform.platform(),
-    }
-
-
-def _dist_version(name: str) -> str:
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        return version(name)
-    except PackageNotFoundError:
-        return "unknown"
 
 
 def run_benchmark(
@@ -393,19 +331,15 @@ def run_benchmark(
     reader = BatchReader(ds.catalog, "pread", np.float32, cache_bytes=0)
     reference, times = reader.read(0, ds.num_rows)
     reader.close()
-    env = environment()
     with tempfile.TemporaryDirectory(prefix="tsfile-torch-bench-") as frame_dir:
         # TsFileDataFrame(use_index=True) writes index files beside the data: give it links in a
         # scratch directory so nothing is left in the user's data folder
         for p in paths:
             os.symlink(os.path.abspath(p), os.path.join(frame_dir, os.path.basename(p)))
         runner = _Runner(plan, paths, names, reference, times, frame_dir)
-        expected_seq = sum(
-            checksum(reference[s : s + plan.batch_size]) for s in runner.seq_starts
-        ) % (1 << 64)
-        expected_rnd = sum(
-            checksum(reference[s : s + plan.batch_size]) for s in runner.rand_starts
-        ) % (1 << 64)
+        bs = plan.batch_size
+        expected_seq = consume(reference[s : s + bs] for s in runner.seq_starts).checksum
+        expected_rnd = consume(reference[s : s + bs] for s in runner.rand_starts).checksum
         records = []
         total = plan.rounds * len(configs)
         with tqdm(total=total, desc="benchmark", unit="config", disable=not progress) as bar:
@@ -422,7 +356,6 @@ def run_benchmark(
                         columns=len(names),
                         rows=int(reference.shape[0]),
                         cold=plan.cold,
-                        environment=env,
                         checksum_ok=all(c == expected_seq for c in rec["seq_checksums"])
                         and rec["random_checksum"] == expected_rnd,
                     )
@@ -440,7 +373,7 @@ def run_benchmark(
 def _add_ratios(records: list[dict], nbytes: int) -> None:
     by_round: dict[int, dict[str, dict]] = {}
     for rec in records:
-        later = rec["seq_seconds"][1:] or rec["seq_seconds"]
+        later = later_epochs(rec["seq_seconds"])
         rec["first_epoch_seconds"] = rec["seq_seconds"][0]
         rec["later_epoch_seconds"] = statistics.median(later)
         rec["later_mib_per_s"] = nbytes / (1 << 20) / rec["later_epoch_seconds"]
@@ -471,7 +404,8 @@ def summarize(records: list[dict]) -> list[dict]:
     rows = []
     for name in dict.fromkeys(r["config"] for r in records):
         recs = [r for r in records if r["config"] == name]
-        later = [s for r in recs for s in (r["seq_seconds"][1:] or r["seq_seconds"])]
+        later = [s for r in recs for s in later_epochs(r["seq_seconds"])]
+        later_min, later_median = min_median(later)
         first = [r["first_epoch_seconds"] for r in recs]
         rand = [r["random_seconds"] for r in recs]
         row = {
@@ -479,10 +413,10 @@ def summarize(records: list[dict]) -> list[dict]:
             "kind": recs[0]["kind"],
             "num_workers": recs[0]["num_workers"],
             "first_median": statistics.median(first),
-            "later_min": min(later),
-            "later_median": statistics.median(later),
+            "later_min": later_min,
+            "later_median": later_median,
             "random_median": statistics.median(rand),
-            "rows_per_s": recs[0]["rows"] / statistics.median(later),
+            "rows_per_s": recs[0]["rows"] / later_median,
             "mib_per_s": statistics.median(r["later_mib_per_s"] for r in recs),
             "mib_per_s_min": min(r["later_mib_per_s"] for r in recs),
             "mib_per_s_max": max(r["later_mib_per_s"] for r in recs),
@@ -568,7 +502,7 @@ def plot_results(records: list[dict], path: str) -> None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     ax.set_xlabel("MiB/s of float32 output, sequential epochs after the first (median, min-max)")
-    env = records[0]["environment"]
+    env = records[0].get("environment") or environment()  # records read back carry theirs
     ax.set_title(
         f"tsfile-torch epoch throughput: {records[0]['rows']:,} rows x "
         f"{records[0]['columns']} columns, batch {records[0]['batch_size']}, "
@@ -578,12 +512,6 @@ def plot_results(records: list[dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def write_json(records: list[dict], path: str) -> None:
-    with open(path, "w", encoding="utf-8") as fh:
-        for rec in records:
-            fh.write(json.dumps(rec) + "\n")
 
 
 def reference_data(cache_dir: str | None = None) -> str:

@@ -9,8 +9,8 @@ Per round and worker count, three configurations read the same bytes, one after 
   fetch (build lists the objects; metadata is read from the copies);
 - ``local copies``: a dataset on the paths of those local copies, no URL involved.
 
-Every epoch's checksum (as :func:`tsfile_torch.bench.reference.checksum`) must be equal
-across all three.
+Every epoch's checksum (:func:`tsfile_torch.bench.harness.checksum`) must be equal across all
+three. Epochs are timed by :func:`tsfile_torch.bench.harness.repeat`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import statistics
 import tempfile
 import time
 
-from tsfile_torch.bench.reference import _consume, environment
+from tsfile_torch.bench.harness import Timings, consume, later_epochs, min_median, repeat
 from tsfile_torch.data.rows import TsFileIterableDataset
 from tsfile_torch.loader import make_loader
 from tsfile_torch.sources.remote import RemoteFile
@@ -28,16 +28,17 @@ from tsfile_torch.sources.remote import RemoteFile
 __all__ = ["run_remote_benchmark", "format_remote_table"]
 
 
-def _epochs(ds, num_workers: int, epochs: int) -> tuple[list[float], list[int], int]:
+def _epochs(ds, num_workers: int, epochs: int) -> Timings:
     loader = make_loader(ds, num_workers=num_workers)
-    seconds, sums, rows = [], [], 0
-    for epoch in range(epochs):
-        ds.set_epoch(epoch)
-        s, c, rows = _consume(loader)
-        seconds.append(s)
-        sums.append(c)
-    del loader
-    return seconds, sums, rows
+    return repeat(lambda _: consume(loader), epochs, before=ds.set_epoch)
+
+
+def _local_copies(files: list) -> list[str]:
+    """Return the local paths of ``files`` (a remote file's cached copy)."""
+    local = [f.cache_path if isinstance(f, RemoteFile) else f for f in files]
+    if not all(os.path.exists(p) for p in local):
+        raise RuntimeError("the local copies were evicted during the run; raise cache_limit")
+    return local
 
 
 def run_remote_benchmark(
@@ -55,42 +56,29 @@ def run_remote_benchmark(
     Raises:
         RuntimeError: a configuration delivered other values than the first one.
     """
-    env = environment()
     records: list[dict] = []
     expected = None
+    common = {"columns": columns, "batch_size": batch_size, "read_backend": read_backend}
     for rnd in range(rounds):
         for num_workers in workers:
             with tempfile.TemporaryDirectory(prefix="tsfile-torch-remote-bench-") as cache:
-                common = {
-                    "columns": columns,
-                    "batch_size": batch_size,
-                    "read_backend": read_backend,
-                }
-                remote_kwargs = {"storage_options": storage_options, "cache_dir": cache}
-                runs = []
-                start = time.perf_counter()
-                ds = TsFileIterableDataset(url, **common, **remote_kwargs)
-                build = time.perf_counter() - start
-                files = [f.source for f in ds.catalog.files]
-                nbytes = sum(f.nbytes for f in ds.catalog.files)
-                runs.append(("remote, empty cache", build, *_epochs(ds, num_workers, epochs)))
-                ds.close()
-                start = time.perf_counter()
-                ds = TsFileIterableDataset(url, **common, **remote_kwargs)
-                build = time.perf_counter() - start
-                runs.append(("remote, warm cache", build, *_epochs(ds, num_workers, epochs)))
-                ds.close()
-                local = [f.cache_path if isinstance(f, RemoteFile) else f for f in files]
-                if not all(os.path.exists(p) for p in local):
-                    raise RuntimeError(
-                        "the local copies were evicted during the run; raise cache_limit"
-                    )
-                start = time.perf_counter()
-                ds = TsFileIterableDataset(local, **common)
-                build = time.perf_counter() - start
-                runs.append(("local copies", build, *_epochs(ds, num_workers, epochs)))
-                ds.close()
-            for name, build, seconds, sums, rows in runs:
+                remote = {"storage_options": storage_options, "cache_dir": cache}
+                runs, files = [], []
+                for name in ("remote, empty cache", "remote, warm cache", "local copies"):
+                    if name == "local copies":
+                        sources, extra = _local_copies(files), {}
+                    else:
+                        sources, extra = url, remote
+                    start = time.perf_counter()
+                    ds = TsFileIterableDataset(sources, **common, **extra)
+                    build = time.perf_counter() - start
+                    if not files:
+                        files = [f.source for f in ds.catalog.files]
+                        nbytes = sum(f.nbytes for f in ds.catalog.files)
+                    runs.append((name, build, _epochs(ds, num_workers, epochs)))
+                    ds.close()
+            for name, build, timings in runs:
+                sums = [r.checksum for r in timings.results]
                 expected = sums[0] if expected is None else expected
                 if any(c != expected for c in sums):
                     raise RuntimeError(f"{name} delivered other values (checksum mismatch)")
@@ -102,13 +90,12 @@ def run_remote_benchmark(
                         "num_workers": num_workers,
                         "read_backend": read_backend,
                         "build_seconds": build,
-                        "epoch_seconds": seconds,
-                        "rows": rows,
+                        "epoch_seconds": timings.seconds,
+                        "rows": timings.results[-1].rows,
                         "files": len(files),
                         "nbytes": nbytes,
                         "batch_size": batch_size,
                         "checksum_ok": True,
-                        "environment": env,
                     }
                 )
     return records
@@ -124,13 +111,15 @@ def format_remote_table(records: list[dict]) -> str:
     lines = [head, "-" * len(head)]
     for name in names:
         rs = [r for r in records if r["config"] == name]
-        later = [s for r in rs for s in r["epoch_seconds"][1:]] or [float("nan")]
+        later_min, later_median = min_median(
+            s for r in rs for s in later_epochs(r["epoch_seconds"])
+        )
         nbytes = rs[0]["nbytes"]
         lines.append(
             f"{name:<36} {statistics.median(r['build_seconds'] for r in rs):8.3f} "
             f"{statistics.median(r['epoch_seconds'][0] for r in rs):12.3f} "
-            f"{min(later):7.3f} /{statistics.median(later):7.3f} "
-            f"{nbytes / statistics.median(later) / 1e6:10.0f}"
+            f"{later_min:7.3f} /{later_median:7.3f} "
+            f"{nbytes / later_median / 1e6:10.0f}"
         )
     first = records[0]
     lines.append(

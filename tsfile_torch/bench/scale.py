@@ -12,7 +12,11 @@ RSS and open file descriptors are its own, under ``ulimit -n 1024``):
 - the seed workload (8 x 131,072 x 8): a streaming epoch against the tsfile decode floor (every
   file's series read whole on 2 threads, Arrow batches only, no copies) in the same run.
 
-Timing uses ``time.perf_counter``; results are ratios between cells of the same run.
+Epochs are timed by :func:`tsfile_torch.bench.harness.repeat` (``time.perf_counter``); results
+are ratios between cells of the same run. Each batch's checksum
+(:func:`tsfile_torch.bench.harness.checksum`) covers every 97th row only: cost per value is
+compared with tsfile's decode floor, and a whole-batch checksum (~1 ns per value) would be a
+fifth of it.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tqdm import tqdm
 
 from tsfile_torch import synthetic
+from tsfile_torch.bench.harness import MODULUS, consume, later_epochs, repeat
 
 __all__ = ["run_scale", "format_scale", "plot_scale"]
 
@@ -116,28 +121,32 @@ def _cell_stream(
         read_backend=read_backend,
     )
     build = time.perf_counter() - t
-    out = {"build_s": build, "epoch_s": [], "num_rows": ds.num_rows}
+    out = {"build_s": build, "num_rows": ds.num_rows}
     out["num_values"] = ds.num_rows * len(ds.columns)
-    peak_fds, peak_anon, checksum = _fds(), _anon_rss_mib(), 0.0
-    for epoch in range(epochs):
-        ds.set_epoch(epoch)
-        t = time.perf_counter()
+    peak = {"fds": _fds(), "anon": _anon_rss_mib()}
+
+    def watched(epoch: int):
+        """The epoch's batches; times the first batch, samples fds and memory on the way."""
+        start = time.perf_counter()
         for i, batch in enumerate(ds):
             if epoch == 0 and i == 0:
-                out["first_batch_s"] = time.perf_counter() - t
-            checksum += float(batch[::97].sum())
+                out["first_batch_s"] = time.perf_counter() - start
+            yield batch
             if i % 8 == 0:
-                peak_fds = max(peak_fds, _fds())
-                peak_anon = max(peak_anon, _anon_rss_mib())
-        out["epoch_s"].append(time.perf_counter() - t)
+                peak["fds"] = max(peak["fds"], _fds())
+                peak["anon"] = max(peak["anon"], _anon_rss_mib())
+
+    timings = repeat(lambda e: consume(watched(e), row_step=97), epochs, before=ds.set_epoch)
+    out["epoch_s"] = timings.seconds
+    sums = [r.checksum for r in timings.results]
     if random_windows:
         ds.set_random_batches(random_windows)
-        for epoch in range(2):  # the first random epoch learns the rest of the index
-            ds.set_epoch(epochs + epoch)
-            t = time.perf_counter()
-            for batch in ds:
-                checksum += float(batch[::97].sum())
-            out.setdefault("random_s", []).append(time.perf_counter() - t)
+        # the first random epoch learns the rest of the index
+        timings = repeat(
+            lambda _: consume(ds, row_step=97), 2, before=lambda e: ds.set_epoch(epochs + e)
+        )
+        out["random_s"] = timings.seconds
+        sums += [r.checksum for r in timings.results]
         out["random_windows"] = random_windows
         exact = TsFileIterableDataset(
             path,
@@ -147,17 +156,14 @@ def _cell_stream(
             index_cache=False,
             read_backend=read_backend,
         )  # every window read exactly, no block cache: the same work at every file size
-        for epoch in range(2):
-            exact.set_epoch(epoch)
-            t = time.perf_counter()
-            for batch in exact:
-                checksum += float(batch[::97].sum())
-            out.setdefault("random_exact_s", []).append(time.perf_counter() - t)
+        timings = repeat(lambda _: consume(exact, row_step=97), 2, before=exact.set_epoch)
+        out["random_exact_s"] = timings.seconds
+        sums += [r.checksum for r in timings.results]
     out.update(
-        peak_fds=peak_fds,
+        peak_fds=peak["fds"],
         peak_rss_mib=_peak_rss_mib(),
-        peak_anon_mib=peak_anon,
-        checksum=checksum,
+        peak_anon_mib=peak["anon"],
+        checksum=sum(sums) % MODULUS,
         read_backend=read_backend,
     )
     return out
@@ -229,7 +235,7 @@ def _run_cell(kind: str, timeout: float, **kwargs) -> dict:
     code = (
         "import json, resource, sys\n"
         "resource.setrlimit(resource.RLIMIT_NOFILE, (1024, 1024))\n"
-        "from tsfile_torch import scale\n"
+        "from tsfile_torch.bench import scale\n"
         f"print(json.dumps(scale._cell_{kind}(**json.loads(sys.argv[1]))))\n"
     )
     try:
@@ -342,9 +348,25 @@ def _axis(records: list[dict], axis: str) -> list[dict]:
     return sorted((r for r in records if r["axis"] == axis), key=lambda r: r["size"])
 
 
+def _ends(records: list[dict], axis: str) -> tuple[dict, dict] | None:
+    """Return the smallest and largest set of an axis, or None unless 2+ ran without error."""
+    sets = _axis(records, axis)
+    if len(sets) < 2 or any("error" in r["ours"] for r in sets):
+        return None
+    return sets[0], sets[-1]
+
+
+def _row_cost(lo: dict, hi: dict, unit: str) -> str:
+    """Return the target line comparing epoch cost per row of the largest and smallest set."""
+    return (
+        f"- epoch cost per row, {hi['size']:,} vs {lo['size']:,} {unit}: "
+        f"{_per(hi) / _per(lo):.2f}x (target <= 1.3x)"
+    )
+
+
 def _steady(rec: dict) -> float:
     """Fastest epoch after the first (which learns timeline indexes and opens files)."""
-    return float(min(rec["ours"]["epoch_s"][1:]))
+    return float(min(later_epochs(rec["ours"]["epoch_s"])))
 
 
 def format_scale(records: list[dict]) -> str:
@@ -374,13 +396,9 @@ def format_scale(records: list[dict]) -> str:
         )
     lines.append("")
     lines.append("Targets (ratios from this run):")
-    rows = _axis(records, "rows")
-    if len(rows) >= 2 and all("error" not in r["ours"] for r in rows):
-        lo, hi = rows[0], rows[-1]
-        lines.append(
-            f"- epoch cost per row, {hi['size']:,} vs {lo['size']:,} rows: "
-            f"{_per(hi) / _per(lo):.2f}x (target <= 1.3x)"
-        )
+    if ends := _ends(records, "rows"):
+        lo, hi = ends
+        lines.append(_row_cost(lo, hi, "rows"))
         lines.append(
             f"- first batch, {hi['size']:,} vs {lo['size']:,}: "
             f"{hi['ours']['first_batch_s'] / lo['ours']['first_batch_s']:.2f}x (target <= 2x)"
@@ -405,12 +423,10 @@ def format_scale(records: list[dict]) -> str:
             f"(mapped file pages count in RSS under mmap); anonymous memory "
             f"{lo['ours']['peak_anon_mib']:.0f} -> {hi['ours']['peak_anon_mib']:.0f} MiB"
         )
-    files = _axis(records, "files")
-    if len(files) >= 2 and all("error" not in r["ours"] for r in files):
-        lo, hi = files[0], files[-1]
+    if ends := _ends(records, "files"):
+        lo, hi = ends
         lines.append(
-            f"- epoch cost per row, {hi['size']:,} vs {lo['size']:,} files: "
-            f"{_per(hi) / _per(lo):.2f}x (target <= 1.3x); peak fds at {hi['size']:,} files: "
+            f"{_row_cost(lo, hi, 'files')}; peak fds at {hi['size']:,} files: "
             f"{hi['ours']['peak_fds']} with auto, "
             f"{hi.get('ours_pread', {}).get('peak_fds', '-')} with pread "
             f"(target <= max_open_files + 16 = 144)"

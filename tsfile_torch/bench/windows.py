@@ -12,15 +12,17 @@ times one shuffled epoch of all windows (``context_length`` + ``horizon`` rows, 
   ``dataframe_windows`` windows of the shuffled order, scaled to the epoch (it is too slow to run
   whole);
 - an in-memory numpy reference: the same shuffled batches gathered from preloaded arrays.
-Every route's checksum (order-free sum of float32 bit patterns) must equal the reference's over the
-same windows. Times use ``time.perf_counter``; ratios are taken within the run.
+Every route's checksum must equal the reference's over the same windows: the sum over windows of
+each window's position-aware checksum (:func:`tsfile_torch.bench.harness.checksum` with
+``per_item``), so a window's time steps and fields must be in place while the order of windows,
+which depends on the sampler, does not matter. Epochs are timed by
+:func:`tsfile_torch.bench.harness.repeat` (``time.perf_counter``); ratios are taken within the run.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
-import time
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -28,7 +30,7 @@ import torch
 import torch.utils.data as tud
 
 from tsfile_torch import synthetic
-from tsfile_torch.bench.reference import environment
+from tsfile_torch.bench.harness import Consumed, Timings, consume, repeat
 from tsfile_torch.data.windows import (
     TsFileWindowDataset,
     WindowBatch,
@@ -67,11 +69,6 @@ QUICK_WINDOWS = WindowBenchPlan(
 )
 
 
-def _checksum(array) -> int:
-    a = np.ascontiguousarray(np.asarray(array, dtype=np.float32))
-    return int(a.view(np.uint32).sum(dtype=np.uint64))
-
-
 def panel_paths(plan: WindowBenchPlan) -> list[str]:
     """Return the panel's files, generating them (once, with a marker) if needed."""
     if plan.data is not None:
@@ -96,14 +93,10 @@ def _dataset(plan: WindowBenchPlan, paths, **kwargs) -> TsFileWindowDataset:
     )
 
 
-def _epoch(loader) -> tuple[float, int, int]:
-    """Consume one epoch; return (seconds, windows, checksum of x and y)."""
-    total, count = 0, 0
-    t0 = time.perf_counter()
-    for x, y in loader:
-        total += _checksum(x) + _checksum(y)
-        count += len(x)
-    return time.perf_counter() - t0, count, total % (1 << 64)
+def _epoch(batches, warmup: int = 0, before=None) -> tuple[Timings, Consumed]:
+    """Time one epoch of ``(x, y)`` batches after ``warmup`` ones; return it and what it read."""
+    timings = repeat(lambda _: consume(batches, per_item=True), 1, warmup=warmup, before=before)
+    return timings, timings.results[0]
 
 
 def _loader(ds, plan: WindowBenchPlan, workers: int, **kwargs) -> tud.DataLoader:
@@ -143,23 +136,21 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
         return panel[global_rows[indices, None] + steps]
 
     def reference_epoch():
-        total = 0
-        t0 = time.perf_counter()
         for s in range(0, num_windows, bs):
             batch = reference_batches(order[s : s + bs])
-            x, y = torch.from_numpy(batch[:, :c]), torch.from_numpy(batch[:, c:])
-            total += _checksum(x) + _checksum(y)
-        return time.perf_counter() - t0, total % (1 << 64)
+            yield torch.from_numpy(batch[:, :c]), torch.from_numpy(batch[:, c:])
 
-    ref_seconds, expected = reference_epoch()
-    records = [
-        {
-            "route": "in-memory numpy reference",
-            "seconds": ref_seconds,
-            "windows": num_windows,
-            "checksum_ok": True,
-        }
-    ]
+    records: list[dict] = []
+
+    def add(route, seconds, windows, checksum_ok, extra=None):
+        rec = {"route": route, "seconds": seconds, "windows": windows, "checksum_ok": checksum_ok}
+        records.append({**rec, **(extra or {})})
+        if progress:
+            print(f"{route}: {seconds:.3f} s", flush=True)
+
+    timings, read = _epoch(reference_epoch())
+    expected = read.checksum
+    add("in-memory numpy reference", timings.seconds[0], read.rows, True)
 
     # the same reference served through DataLoader workers (what workers cost by themselves)
     reference = _ReferenceWindows(panel, global_rows, steps, c)
@@ -168,28 +159,15 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
         loader = _loader(
             reference, plan, workers, batch_sampler=batches, collate_fn=collate_windows
         )
-        _epoch(loader)  # the first pays worker start-up
-        s, n, total = _epoch(loader)
-        records.append(
-            {
-                "route": f"in-memory numpy reference, workers={workers}",
-                "seconds": s,
-                "windows": n,
-                "checksum_ok": total == expected,
-            }
-        )
+        timings, read = _epoch(loader, warmup=1)  # the first pays worker start-up
+        route = f"in-memory numpy reference, workers={workers}"
+        add(route, timings.seconds[0], read.rows, read.checksum == expected)
         del loader
 
-    def add(route, seconds, windows, total, want=expected, extra=None):
-        rec = {"route": route, "seconds": seconds, "windows": windows, "checksum_ok": total == want}
-        rec.update(extra or {})
-        records.append(rec)
-        if progress:
-            print(f"{route}: {seconds:.3f} s", flush=True)
-
     # one sequential streaming epoch over the same windows (the cost floor of streaming)
-    s, n, total = _epoch(make_window_loader(stream, bs, shuffle=False))
-    add("tsfile-torch sequential streaming, workers=0", s, n, total)
+    timings, read = _epoch(make_window_loader(stream, bs, shuffle=False))
+    route = "tsfile-torch sequential streaming, workers=0"
+    add(route, timings.seconds[0], read.rows, read.checksum == expected)
     stream.close()
 
     for workers in plan.workers:
@@ -200,10 +178,10 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
             blocks_per_shuffle=plan.blocks_per_shuffle,
             num_workers=workers,
         )
-        for epoch in range(2):  # the first pays worker start-up; report the second
-            loader.batch_sampler.set_epoch(epoch)
-            s, n, total = _epoch(loader)
-        add(f"tsfile-torch streaming shuffled, workers={workers}", s, n, total)
+        # the first pays worker start-up; report the second
+        timings, read = _epoch(loader, warmup=1, before=loader.batch_sampler.set_epoch)
+        route = f"tsfile-torch streaming shuffled, workers={workers}"
+        add(route, timings.seconds[0], read.rows, read.checksum == expected)
         del loader
         stream.close()
 
@@ -213,14 +191,13 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
         loader = _loader(
             cached, plan, workers, batch_size=bs, sampler=sampler, collate_fn=collate_windows
         )
-        first = _epoch(loader)[0]
-        s, n, total = _epoch(loader)
+        timings, read = _epoch(loader, warmup=1)  # the first decodes
         add(
             f"tsfile-torch cached (memory), workers={workers}",
-            s,
-            n,
-            total,
-            extra={"first_epoch_seconds": first},
+            timings.seconds[0],
+            read.rows,
+            read.checksum == expected,
+            extra={"first_epoch_seconds": timings.warmup_seconds[0]},
         )
         del loader
         cached.close()
@@ -230,9 +207,8 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
 
     sample = order[: plan.dataframe_windows]
     frame = TsFileDataFrame(paths, show_progress=False)
-    try:
-        total = 0
-        t0 = time.perf_counter()
+
+    def frame_windows():
         for i in sample:
             k, row = int(located[0][i]), int(located[1][i])
             device = stream._devices[k]
@@ -240,22 +216,20 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
             t_last = int(stream_times[k][row + len(steps) - 1])
             names = [f"{device.name}.{f}" for f in stream.fields]
             window = np.asarray(frame.loc[t_first:t_last, names].values, dtype=np.float32)
-            total += _checksum(window[:c]) + _checksum(window[c:])
-        seconds = time.perf_counter() - t0
+            yield window[None, :c], window[None, c:]
+
+    try:
+        timings, read = _epoch(frame_windows())
     finally:
         frame.close()
-    want = (
-        sum(
-            _checksum(b[:, :c]) + _checksum(b[:, c:])
-            for b in (reference_batches(sample[s : s + bs]) for s in range(0, len(sample), bs))
-        )
-    ) % (1 << 64)
+    sample_batches = (reference_batches(sample[s : s + bs]) for s in range(0, len(sample), bs))
+    want = consume(((b[:, :c], b[:, c:]) for b in sample_batches), per_item=True).checksum
+    seconds = timings.seconds[0]
     add(
         "TsFileDataFrame windows one by one (scaled)",
         seconds * num_windows / len(sample),
         num_windows,
-        total % (1 << 64),
-        want=want,
+        read.checksum == want,
         extra={"measured_windows": len(sample), "measured_seconds": seconds},
     )
     return _with_ratios(records, plan)
@@ -282,7 +256,6 @@ def _with_ratios(records: list[dict], plan: WindowBenchPlan) -> list[dict]:
     by = {r["route"]: r for r in records}
     frame = by["TsFileDataFrame windows one by one (scaled)"]["seconds"]
     seq = by["tsfile-torch sequential streaming, workers=0"]["seconds"]
-    env = environment()
     for r in records:
         workers = r["route"].rsplit("workers=", 1)[1] if "workers=" in r["route"] else "0"
         ref = by.get(
@@ -293,7 +266,6 @@ def _with_ratios(records: list[dict], plan: WindowBenchPlan) -> list[dict]:
         r["of_reference"] = ref["seconds"] / r["seconds"]
         r["x_sequential_cost"] = r["seconds"] / seq
         r["plan"] = asdict(plan)
-        r["environment"] = env
     return records
 
 
