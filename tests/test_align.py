@@ -93,7 +93,9 @@ def test_equal_timelines_keep_the_positional_fast_path(small_dir, small_expected
 
 
 def test_bad_align_and_fill_are_named(small_dir):
-    with pytest.raises(ValueError, match="align must be None, 'union' or 'intersect'; got 'outer'"):
+    with pytest.raises(
+        ValueError, match="align must be one of 'union', 'intersect' or None; got 'outer'"
+    ):
         TsFileDataset(small_dir, align="outer")
     with pytest.raises(ValueError, match="fill must be one of 'nan', 'ffill', 'zero'; got 'x'"):
         TsFileIterableDataset(small_dir, align="union", fill="x")
