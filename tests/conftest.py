@@ -141,11 +141,12 @@ def s3_server():
 
 @pytest.fixture(scope="session")
 def rows_of(small_expected):
-    """The function ``(batch[, full]) -> row numbers`` of a float batch, by whole-row lookup.
+    """The function ``(batch[, full, consecutive]) -> row numbers`` of a float batch.
 
     Rows of the synthetic data are unique, so each batch row names its row in ``full`` (the
-    small dataset unless given). Asserts the rows are consecutive: every batch (sequential,
-    shuffled or a random window) is a run of rows in time order.
+    small dataset unless given), by whole-row lookup. With ``consecutive`` (the default) it
+    asserts the rows are a run in time order (a sequential or batch-permuted batch, a random
+    window); ``consecutive=False`` only asserts time order (a row-shuffled batch).
     """
     lookups: dict[int, tuple[np.ndarray, dict[bytes, int]]] = {}
 
@@ -155,11 +156,14 @@ def rows_of(small_expected):
             lookups[id(full)] = (full, {table[i].tobytes(): i for i in range(len(table))})
         return lookups[id(full)][1]
 
-    def rows(batch, full: np.ndarray = small_expected) -> np.ndarray:
+    def rows(batch, full: np.ndarray = small_expected, consecutive: bool = True) -> np.ndarray:
         table = lookup(full)
         values = np.ascontiguousarray(np.asarray(batch, dtype=np.float32))
         found = np.array([table[r.tobytes()] for r in values])
-        assert np.array_equal(found, np.arange(found[0], found[0] + len(found)))
+        if consecutive:
+            assert np.array_equal(found, np.arange(found[0], found[0] + len(found)))
+        else:
+            assert np.all(np.diff(found) > 0), "rows of a batch are not in time order"
         return found
 
     return rows
