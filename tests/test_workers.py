@@ -8,49 +8,70 @@ import numpy as np
 import pytest
 import torch
 
-from tsfile_torch import TsFileDataset, TsFileIterableDataset, make_loader
+from tsfile_torch import EpochSampler, TsFileDataset, TsFileIterableDataset, make_loader
 
 
-@pytest.mark.parametrize("shuffle", [False, True])
-def test_each_row_arrives_once_across_two_workers(
-    small_dir, small_expected, read_backend, shuffle, rows_of
-):
+@pytest.mark.parametrize("order", ["sequential", "batches", "shuffle"])
+def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, read_backend, order):
     ds = TsFileIterableDataset(
-        small_dir, batch_size=600, shuffle=shuffle, read_backend=read_backend
+        small_dir, batch_size=600, order=order, read_backend=read_backend, return_timestamps=True
     )
     loader = make_loader(ds, num_workers=2)
     for epoch in range(2):
         ds.set_epoch(epoch)
         batches = list(loader)
-        values = torch.cat(batches).numpy()
+        assert len(batches) == len(ds) == 9
+        values = torch.cat([v for v, _ in batches]).numpy()
+        times = torch.cat([t for _, t in batches]).numpy()  # row r has timestamp r
         assert values.shape == small_expected.shape
-        order = np.argsort([int(rows_of(b)[0]) for b in batches], kind="stable")
-        np.testing.assert_array_equal(
-            torch.cat([batches[i] for i in order]).numpy(), small_expected.astype(np.float32)
-        )
+        assert sorted(times) == list(range(5000))  # each row once
+        np.testing.assert_array_equal(values, small_expected[times].astype(np.float32))
 
 
-def test_set_epoch_reaches_persistent_workers(small_dir, small_expected, rows_of):
-    ds = TsFileIterableDataset(small_dir, batch_size=250, shuffle=True, seed=7)
+def _interleave(runs: list[list]) -> list:
+    """The DataLoader's order over its workers: one batch from each worker in turn."""
+    return [r[i] for i in range(max(map(len, runs))) for r in runs if i < len(r)]
+
+
+@pytest.mark.parametrize("order", ["batches", "shuffle"])
+def test_set_epoch_reaches_persistent_workers(small_dir, order):
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=250, order=order, seed=7, return_timestamps=True
+    )
     loader = make_loader(ds, num_workers=2)
     for epoch in (0, 1, 5):
         ds.set_epoch(epoch)
-        got = [int(rows_of(b)[0]) for b in list(loader)]
+        got = [t.tolist() for _, t in loader]  # row r has timestamp r
         runs = [list(ds.items_for(epoch, worker=w, num_workers=2)) for w in range(2)]
-        # the DataLoader takes one batch from each worker in turn
-        interleaved = [x for pair in zip(*runs, strict=True) for x in pair]
-        assert got == interleaved
+        if order == "batches":  # an item is a batch number
+            rows = [list(range(b[0] * 250, (b[0] + 1) * 250)) for b in _interleave(runs)]
+        else:  # an item is a row; rows inside a batch come in time order
+            rows = [sorted(b.tolist()) for b in _interleave(runs)]
+        assert got == rows
+        assert ds.epoch == epoch
 
 
 def test_map_style_random_windows_follow_set_epoch_in_persistent_workers(
     small_dir, small_expected, rows_of
 ):
     ds = TsFileDataset(small_dir, batch_size=500, random_batches=4, seed=2)
+    probe = TsFileDataset(small_dir, batch_size=500, random_batches=4, seed=2)
     loader = make_loader(ds, num_workers=2)
+    sampler = EpochSampler(probe, None, num_workers=2)  # the order make_loader delivers
+    seen = []
     for epoch in (0, 3):
         ds.set_epoch(epoch)
-        got = [int(rows_of(b)[0]) for b in list(loader)]
-        assert got == [int(s) for s in ds._windows(epoch)]
+        batches = list(loader)
+        got = [int(rows_of(b)[0]) for b in batches]
+        assert got == [int(items[0]) for items in sampler.batches(epoch)]
+        probe.set_epoch(epoch)  # probe[i]: the i-th random window of the current epoch
+        assert sorted(got) == sorted(int(rows_of(probe[i])[0]) for i in range(4))
+        for batch, start in zip(batches, got, strict=True):
+            np.testing.assert_array_equal(
+                batch.numpy(), small_expected[start : start + 500].astype(np.float32)
+            )
+        seen.append(got)
+    assert seen[0] != seen[1]
 
 
 class _Probe(TsFileIterableDataset):
