@@ -114,7 +114,10 @@ class _Pass:
             self._end()
             raise
         if self._sums is not None:
-            values = batch[0] if isinstance(batch, (tuple, list)) else batch
+            values = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
+            if not isinstance(values, torch.Tensor) or values.ndim != 2:
+                self._sums = None  # a subclass yields something else: nothing to check
+                return batch
             if values.dtype in (torch.float16, torch.bfloat16):
                 values = values.float()
             self._sums.add(values.numpy())

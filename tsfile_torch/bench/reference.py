@@ -36,11 +36,11 @@ from tsfile_torch.bench.harness import (
     min_median,
     repeat,
 )
-from tsfile_torch.catalog.build import expand_sources
 from tsfile_torch.data.rows import TsFileIterableDataset
 from tsfile_torch.loader import make_loader, worker_context
 from tsfile_torch.read.reader import BatchReader
-from tsfile_torch.sampling import orders as sampling
+from tsfile_torch.sampling import orders
+from tsfile_torch.sources import expand_sources
 
 __all__ = [
     "BenchConfig",
@@ -159,7 +159,11 @@ def warm_page_cache(paths) -> None:
 
 
 class _ArrayBatches(tud.IterableDataset):
-    """The memcopy reference: batches sliced from an already-decoded array into new tensors."""
+    """The memcopy reference: batches sliced from an already-decoded array into new tensors.
+
+    ``seq_starts`` / ``rand_starts``: first row of each batch of a sequential / random epoch, in
+    the datasets' order; workers split them as the datasets do (:func:`orders.worker_batches`).
+    """
 
     def __init__(
         self, array: np.ndarray, seq_starts: np.ndarray, rand_starts: np.ndarray, batch_size: int
@@ -180,10 +184,8 @@ class _ArrayBatches(tud.IterableDataset):
         info = tud.get_worker_info()
         starts = self.rand_starts if self._random.value else self.seq_starts
         if info is not None and info.num_workers > 1:  # the datasets' own worker sharding
-            lo, hi = sampling.worker_row_range(
-                len(self.array), self.batch_size, info.id, info.num_workers
-            )
-            starts = sampling.shard_by_rows(starts, lo, hi)
+            batches = [starts[i : i + 1] for i in range(len(starts))]
+            starts = starts[orders.worker_batches(batches, info.id, info.num_workers)]
         for s in starts:
             yield torch.from_numpy(self.array[s : s + self.batch_size].copy())
 
@@ -200,14 +202,12 @@ class _Runner:
         reference: np.ndarray,
         times: np.ndarray,
         dataframe_dir: str,
+        rand_starts: np.ndarray,
     ):
         self.plan, self.paths, self.names = plan, paths, names
         self.reference, self.times, self.dataframe_dir = reference, times, dataframe_dir
-        n = reference.shape[0]
-        self.seq_starts = sampling.batch_starts(n, plan.batch_size, False)
-        self.rand_starts = sampling.random_window_starts(
-            n, plan.batch_size, plan.random_batches, plan.seed, 0
-        )
+        self.seq_starts = np.arange(0, reference.shape[0], plan.batch_size, dtype=np.int64)
+        self.rand_starts = rand_starts
 
     def _tsfile_torch(self, cfg: BenchConfig):
         p = self.plan
@@ -323,11 +323,17 @@ def run_benchmark(
     Raises:
         RuntimeError: a configuration delivered other values than the memory-copy reference.
     """
-    paths = [str(p) for p in expand_sources(plan.data)]
+    paths = [s.name for s in expand_sources(plan.data)]
     ds = TsFileIterableDataset(
-        paths, columns=list(plan.columns) if plan.columns else None, batch_size=plan.batch_size
+        paths,
+        columns=list(plan.columns) if plan.columns else None,
+        batch_size=plan.batch_size,
+        seed=plan.seed,
+        random_batches=plan.random_batches,
     )
     names = ds.columns
+    # the random epoch's windows (epoch 0): items of order "random" are their first rows
+    rand_starts = np.concatenate(ds.epoch_batches(0))
     reader = BatchReader(ds.catalog, "pread", np.float32, cache_bytes=0)
     reference, times = reader.read(0, ds.num_rows)
     reader.close()
@@ -336,7 +342,7 @@ def run_benchmark(
         # scratch directory so nothing is left in the user's data folder
         for p in paths:
             os.symlink(os.path.abspath(p), os.path.join(frame_dir, os.path.basename(p)))
-        runner = _Runner(plan, paths, names, reference, times, frame_dir)
+        runner = _Runner(plan, paths, names, reference, times, frame_dir, rand_starts)
         bs = plan.batch_size
         expected_seq = consume(reference[s : s + bs] for s in runner.seq_starts).checksum
         expected_rnd = consume(reference[s : s + bs] for s in runner.rand_starts).checksum

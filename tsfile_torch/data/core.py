@@ -258,11 +258,15 @@ class DatasetCore:
     def _rows(self, table: int, start: int, stop: int, random_access: bool = False):
         """Return rows ``[start, stop)`` of ``table`` as handed out: normalized, output dtype.
 
-        With ``cache="memory"`` they are kept (:class:`~tsfile_torch.read.memory.MemoryStore`).
+        The arrays are the caller's: with ``cache="memory"`` rows are kept in the
+        :class:`~tsfile_torch.read.memory.MemoryStore` and a kept range is returned as a copy.
         """
         store = self._memory()
         if store is not None and store.has(table, start, stop):
-            return store.get(table, start, stop)
+            values, times = store.get(table, start, stop)
+            out = np.empty_like(values)
+            np.copyto(out, values)
+            return out, times.copy()
         values, times = self.tables[table].read(self.reader, start, stop, random_access)
         values = self._finalize(table, values)
         if store is not None:
@@ -301,6 +305,7 @@ class DatasetCore:
     def __getstate__(self):
         out = self.__dict__.copy()
         out.update(_reader=None, _reader_epoch=None, _store=None, _latest=None)
+        out.pop("_running_loader", None)  # the main process's loader (make_loader)
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:

@@ -89,6 +89,11 @@ class _Rows(DatasetCore):
         return self.tables[0].num_rows
 
     @property
+    def alignment(self):
+        """The time alignment of the columns (``align=``), or ``None`` for positional rows."""
+        return self.tables[0].alignment
+
+    @property
     def order(self) -> OrderSpec:
         """The order in force (``set_random_batches`` may have switched it)."""
         count = self._random.value
@@ -158,10 +163,7 @@ class _Rows(DatasetCore):
 
     def _read_span(self, start: int, stop: int):
         """Return rows ``[start, stop)`` as a batch."""
-        values, times = self._rows(0, start, stop, random_access=self.order.order == "random")
-        if self._store is not None:
-            values, times = values.copy(), times.copy()  # never hand out the store itself
-        return self._as_batch(values, times)
+        return self._as_batch(*self._rows(0, start, stop, self.order.order == "random"))
 
     def _as_batch(self, values: np.ndarray, times: np.ndarray):
         tensor = torch.from_numpy(values)
