@@ -118,7 +118,8 @@ class SharedInt:
         return {"value": self.value}
 
     def __setstate__(self, state):
-        self._raw = state.get("raw") or sharedctypes.RawValue("q", state["value"])
+        # "raw" in state, not state.get("raw"): a ctypes value of 0 is falsy
+        self._raw = state["raw"] if "raw" in state else sharedctypes.RawValue("q", state["value"])
 
 
 class EpochCounter:
