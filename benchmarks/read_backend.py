@@ -16,7 +16,6 @@ scan, and the ratio mmap / pread in each state. Upstream (Windows): fresh 0.43x,
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import resource
@@ -220,10 +219,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from tsfile_torch.bench.reference import environment, reference_data
-    from tsfile_torch.catalog.build import expand_sources
+    from tsfile_torch.bench.harness import write_json
+    from tsfile_torch.bench.reference import reference_data
+    from tsfile_torch.sources import expand_sources
 
-    paths = [str(p) for p in expand_sources(args.data or reference_data())]
+    paths = [s.name for s in expand_sources(args.data or reference_data())]
     if not hasattr(os, "posix_fadvise"):
         print("posix_fadvise is not available: the cold state is skipped", file=sys.stderr)
     records = run(paths, 2 if args.quick else args.repeats, progress=not args.no_progress)
@@ -231,10 +231,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{len(paths)} files, {total / (1 << 20):.1f} MiB, {CHUNK // 1024} KiB reads")
     print(format_table(summarize(records)))
     if args.json:
-        env = environment()
-        with open(args.json, "w", encoding="utf-8") as fh:
-            for rec in records:
-                fh.write(json.dumps({**rec, "environment": env}) + "\n")
+        write_json(records, args.json)
         print(f"wrote {len(records)} records to {args.json}")
     return 0
 
