@@ -3,10 +3,12 @@
 On a generated panel (devices with their own timestamps, every series split across files) it
 times one shuffled epoch of all windows (``context_length`` + ``horizon`` rows, ``stride``,
 ``batch_size`` windows per batch) through:
-- tsfile-torch streaming: :class:`~tsfile_torch.data.windows.WindowBatchSampler` (shuffle inside
-  groups of blocks) with an LRU that holds only the blocks in play, 0 and 2 workers;
-- tsfile-torch cached: ``cache="memory"`` and a plain ``RandomSampler``, the second epoch (the
-  first decodes), 0 and 2 workers;
+- tsfile-torch streaming: a dataset with ``shuffle=True`` (windows shuffled within a buffer of
+  ``blocks_per_shuffle`` blocks) through :func:`~tsfile_torch.make_loader`, with a block cache
+  that holds only the blocks in play, 0 and 2 workers;
+- tsfile-torch cached: ``cache="memory"`` and ``order="batches"`` (a full permutation of the
+  windows, what a plain ``RandomSampler`` gives), the second epoch (the first decodes), 0 and 2
+  workers;
 - one sequential streaming epoch (windows in order) over the same rows, the cost floor;
 - TsFileDataFrame, the official route: one ``.loc`` per window, over the first
   ``dataframe_windows`` windows of the shuffled order, scaled to the epoch (it is too slow to run
@@ -36,9 +38,8 @@ from tsfile_torch.data.windows import (
     WindowBatch,
     _batch_array,
     collate_windows,
-    make_window_loader,
 )
-from tsfile_torch.loader import worker_context
+from tsfile_torch.loader import make_loader, worker_context
 
 __all__ = ["QUICK_WINDOWS", "WindowBenchPlan", "format_window_table", "run_window_benchmark"]
 
@@ -112,22 +113,23 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     stream = _dataset(plan, paths)
     block_bytes = stream.block_rows * (len(stream.fields) * 4 + 8)
     # streaming: the LRU holds the blocks in play (a group, its neighbours), not the panel
-    stream = _dataset(plan, paths, cache_bytes=(plan.blocks_per_shuffle + 4) * block_bytes)
+    cache_bytes = (plan.blocks_per_shuffle + 4) * block_bytes
+    stream = _dataset(plan, paths, cache_bytes=cache_bytes)
     num_windows = len(stream)
     order = np.random.default_rng(plan.seed).permutation(num_windows)
     bs = plan.batch_size
 
     # in-memory numpy reference: every device preloaded into one array, one gather per batch
     parts, stream_times = [], []
-    for k, d in enumerate(stream._devices):
-        times, values = stream._rows(k, 0, d.num_rows)
+    for k, table in enumerate(stream.tables):
+        values, times = stream._rows(k, 0, table.num_rows)
         parts.append(values.copy())
         stream_times.append(times.copy())
     stream.close()
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
     panel = np.concatenate(parts)
     del parts
-    located = stream._locate_many(np.arange(num_windows))
+    located = stream._locate(np.arange(num_windows))
     global_rows = offsets[located[0]] + located[1]
     steps = np.arange(plan.context_length + plan.horizon)
     c = plan.context_length
@@ -165,33 +167,32 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
         del loader
 
     # one sequential streaming epoch over the same windows (the cost floor of streaming)
-    timings, read = _epoch(make_window_loader(stream, bs, shuffle=False))
+    timings, read = _epoch(make_loader(stream, batch_size=bs))
     route = "tsfile-torch sequential streaming, workers=0"
     add(route, timings.seconds[0], read.rows, read.checksum == expected)
     stream.close()
 
+    shuffled = _dataset(
+        plan,
+        paths,
+        cache_bytes=cache_bytes,
+        shuffle=True,
+        seed=plan.seed,
+        shuffle_blocks=plan.blocks_per_shuffle,
+    )
     for workers in plan.workers:
-        loader = make_window_loader(
-            stream,
-            bs,
-            seed=plan.seed,
-            blocks_per_shuffle=plan.blocks_per_shuffle,
-            num_workers=workers,
-        )
+        loader = make_loader(shuffled, batch_size=bs, num_workers=workers)
         # the first pays worker start-up; report the second
-        timings, read = _epoch(loader, warmup=1, before=loader.batch_sampler.set_epoch)
+        timings, read = _epoch(loader, warmup=1, before=shuffled.set_epoch)
         route = f"tsfile-torch streaming shuffled, workers={workers}"
         add(route, timings.seconds[0], read.rows, read.checksum == expected)
         del loader
-        stream.close()
+        shuffled.close()
 
-    cached = _dataset(plan, paths, cache="memory")
+    cached = _dataset(plan, paths, cache="memory", order="batches", seed=plan.seed)
     for workers in plan.workers:
-        sampler = tud.RandomSampler(cached, generator=torch.Generator().manual_seed(plan.seed))
-        loader = _loader(
-            cached, plan, workers, batch_size=bs, sampler=sampler, collate_fn=collate_windows
-        )
-        timings, read = _epoch(loader, warmup=1)  # the first decodes
+        loader = make_loader(cached, batch_size=bs, num_workers=workers)
+        timings, read = _epoch(loader, warmup=1, before=cached.set_epoch)  # the first decodes
         add(
             f"tsfile-torch cached (memory), workers={workers}",
             timings.seconds[0],
@@ -211,10 +212,10 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     def frame_windows():
         for i in sample:
             k, row = int(located[0][i]), int(located[1][i])
-            device = stream._devices[k]
+            device = stream.devices[k]
             t_first = int(stream_times[k][row])
             t_last = int(stream_times[k][row + len(steps) - 1])
-            names = [f"{device.name}.{f}" for f in stream.fields]
+            names = [f"{device}.{f}" for f in stream.fields]
             window = np.asarray(frame.loc[t_first:t_last, names].values, dtype=np.float32)
             yield window[None, :c], window[None, c:]
 
