@@ -34,8 +34,8 @@ def _epochs(ds, num_workers: int, epochs: int) -> Timings:
 
 
 def _local_copies(files: list) -> list[str]:
-    """Return the local paths of ``files`` (a remote file's cached copy)."""
-    local = [f.cache_path if isinstance(f, RemoteFile) else f for f in files]
+    """Return the local paths of ``files`` (sources; a remote file's cached copy)."""
+    local = [f.cache_path if isinstance(f, RemoteFile) else f.name for f in files]
     if not all(os.path.exists(p) for p in local):
         raise RuntimeError("the local copies were evicted during the run; raise cache_limit")
     return local
