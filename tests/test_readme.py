@@ -1,4 +1,4 @@
-"""The README's forecasting, alignment and normalization sections run as written."""
+"""Every Python block of the README runs as written, in order, and does what it says."""
 
 from __future__ import annotations
 
@@ -8,32 +8,30 @@ from pathlib import Path
 import torch
 
 README = Path(__file__).resolve().parent.parent / "README.md"
-SECTIONS = (
-    "## Forecasting windows per device",
-    "## Columns with different timestamps: `align=`",
-    "## Statistics and normalization",
-)
 
 
-def _blocks(text: str, heading: str) -> list[str]:
-    body = text.split(heading, 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", body, flags=re.S)
+def test_every_readme_block_runs_and_shows_what_it_says(tmp_path, monkeypatch, capsys):
+    import tempfile
 
-
-def test_readme_window_alignment_and_normalization_code_runs(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)  # the snippets write and read "panel/"
-    text = README.read_text(encoding="utf-8")
-    namespace: dict = {}
-    for heading in SECTIONS:
-        blocks = _blocks(text, heading)
-        assert blocks, heading
-        for code in blocks:
-            exec(compile(code, f"README.md {heading}", "exec"), namespace)
-    epochs, rest = namespace["epochs"], namespace["rest"]  # the window resume example
-    assert len(rest) == len(epochs[1]) - 3 and not torch.equal(epochs[0][0][0], epochs[1][0][0])
-    assert namespace["x"].shape == (96, 3) and namespace["restored"].shape == (24, 3)
-    raw = namespace["TsFileWindowDataset"]("panel/", 96, 24, stride=24, start_time=9001)[0][1]
-    torch.testing.assert_close(namespace["restored"], raw)  # inverse undoes the normalization
-    assert namespace["values"].shape == (1000, 2) and namespace["exact"]["f0"]["std"] > 0
-    assert namespace["stats"]["f0"]["source"] == "metadata"
-    assert "WindowInfo(device='meters.s0', start_row=0, start_time=0)" in capsys.readouterr().out
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # their mkdtemp lands in tmp_path
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) == 5
+    ns: dict = {"__name__": "readme"}
+    for i, code in enumerate(blocks):
+        exec(compile(code, f"README.md block {i}", "exec"), ns)
+    out = capsys.readouterr().out
+    # rows: the column names it prints, batches of the shape it says
+    assert "['t.d0.s0', 't.d0.s1', 't.d0.s2']" in out
+    assert ns["batch"].shape == (1000, 16)
+    # windows: shapes and the first window's origin
+    assert "WindowInfo(device='meters.s0', start_row=0, start_time=0)" in out
+    assert ns["x"].shape == (96, 3) and ns["y"].shape == (24, 3)  # from the normalization block
+    # resume: 12 batches left, equal to the uninterrupted run's (asserted in the block too)
+    assert len(ns["rest"]) == 12 and len(ns["uninterrupted"]) == 20
+    # alignment: aligned values and their timestamps
+    assert ns["values"].shape == (1000, 2) and bool((ns["times"][1:] > ns["times"][:-1]).all())
+    # statistics and normalization: inverse undoes the normalization
+    assert ns["stats"]["f0"]["source"] == "metadata" and ns["exact"]["f0"]["std"] > 0
+    raw = ns["TsFileWindowDataset"]("panel/", 96, 24, stride=24, start_time=9001)[0][1]
+    torch.testing.assert_close(ns["restored"], raw)

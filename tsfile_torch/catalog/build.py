@@ -496,6 +496,7 @@ def lay_out(
     end_time: int | None = None,
     *,
     shared_timeline: bool = True,
+    drop_empty: bool = False,
 ) -> Catalog:
     """Lay out the selected ``columns`` of ``meta`` as rows (the one time cut lives here).
 
@@ -522,7 +523,13 @@ def lay_out(
         for c in _select(meta.columns, columns)
     ]  # copies: the cut and the placement below change them
     if start_time is not None or end_time is not None:
-        _restrict(selected, meta.files, start_time, end_time)
+        _restrict(selected, meta.files, start_time, end_time, drop_empty)
+        selected = [c for c in selected if c.shards]
+        if not selected:
+            raise SchemaError(
+                f"no selected column has rows in the time range [{start_time}, {end_time}]; "
+                f"widen start_time / end_time"
+            )
     for col in selected:
         _place_shards(col, meta.files)
     if shared_timeline:
@@ -600,8 +607,9 @@ def _restrict(
     files: Sequence[FileInfo],
     start_time: int | None,
     end_time: int | None,
+    drop_empty: bool = False,
 ) -> None:
-    """Cut every column's shards to ``[start_time, end_time]`` (in place).
+    """Cut every column's shards to ``[start_time, end_time]`` (in place; maybe to none).
 
     Statistics that describe a whole shard (first, last, sum; a column's sum and value count)
     no longer describe what is read, so a cut shard drops them and a column that lost rows
@@ -637,7 +645,7 @@ def _restrict(
                 )
         if kept != col.shards:
             col.sum = None  # the metadata's sum covers rows left out
-        if not kept:
+        if not kept and not drop_empty:
             raise SchemaError(
                 f"column {col.name!r} has no rows in the time range [{start_time}, {end_time}] "
                 f"(its data spans [{col.start_time}, {col.end_time}]); widen start_time / end_time"

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch.catalog.build import device_name, lay_out
+from tsfile_torch.catalog.build import device_name, lay_out, subset_catalog
 from tsfile_torch.data.core import DatasetCore
 from tsfile_torch.errors import SchemaError
 from tsfile_torch.options import ReadOptions, check_int
@@ -221,7 +221,12 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             read.start_time,
             read.end_time,
             shared_timeline=False,
+            drop_empty=True,
         )
+        kept = set(catalog.column_names)  # a device with a field empty in range has no windows
+        names = [d for d in names if all(fields_of[d][f] in kept for f in self.fields)]
+        if len(names) * len(self.fields) != len(kept):
+            catalog = subset_catalog(catalog, [fields_of[d][f] for d in names for f in self.fields])
         width = len(self.fields)
         tables = [
             self._table(catalog, tuple(range(k * width, (k + 1) * width)), f"device {d!r}")
@@ -380,7 +385,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         return self._blocks
 
     def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
-        """Return rows of block ``b`` of device ``k`` and the tails of its windows: values, times."""
+        """Return block ``b`` of device ``k`` with its windows' tails: values, times."""
         store = self._memory()
         if store is not None:
             self._whole_device(k)
