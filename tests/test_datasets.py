@@ -49,26 +49,26 @@ def test_float64_batches_are_the_stored_doubles(small_dir, small_expected, read_
     np.testing.assert_array_equal(batch.numpy(), small_expected[:, 6:9])
 
 
-def test_timestamps_are_those_of_the_values_rows(small_dir, read_backend, rows_of):
+@pytest.mark.parametrize("order", ["sequential", "batches", "shuffle"])
+def test_timestamps_are_those_of_the_values_rows(small_dir, small_expected, read_backend, order):
     ds = TsFileIterableDataset(
-        small_dir, batch_size=2000, read_backend=read_backend, return_timestamps=True, shuffle=True
+        small_dir, batch_size=2000, read_backend=read_backend, return_timestamps=True, order=order
     )
     seen = []
     for values, times in ds:
         assert times.dtype == torch.int64 and times.shape == (values.shape[0],)
         # the small dataset's row r has timestamp r: each timestamp must be its value row's
-        np.testing.assert_array_equal(times.numpy(), rows_of(values))
-        seen.append(int(times[0]))
-    assert sorted(seen) == [0, 2000, 4000]
+        np.testing.assert_array_equal(values.numpy(), small_expected[times].astype(np.float32))
+        seen.append(times.numpy())
+    assert sorted(len(t) for t in seen) == [1000, 2000, 2000]
+    assert sorted(np.concatenate(seen).tolist()) == list(range(5000))
 
 
-def test_shuffled_epoch_is_a_permutation_of_batches_fixed_by_seed_and_epoch(
-    small_dir, small_expected, rows_of
-):
+def test_batches_order_is_a_permutation_of_batches_fixed_by_seed_and_epoch(small_dir, rows_of):
     def order(seed, epoch):
-        ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True, seed=seed)
+        ds = TsFileIterableDataset(small_dir, batch_size=500, order="batches", seed=seed)
         ds.set_epoch(epoch)
-        return [int(rows_of(b)[0]) for b in ds]
+        return [int(rows_of(b)[0]) for b in ds]  # rows_of: each batch is a run of rows
 
     first = order(0, 0)
     assert sorted(first) == list(range(0, 5000, 500))
@@ -77,21 +77,57 @@ def test_shuffled_epoch_is_a_permutation_of_batches_fixed_by_seed_and_epoch(
     assert order(1, 0) != first
 
 
-def test_without_set_epoch_each_pass_is_the_next_epoch(small_dir, small_expected, rows_of):
-    ds = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True)
+def test_shuffled_rows_are_a_permutation_fixed_by_seed_and_epoch(small_dir):
+    def rows(seed, epoch):
+        ds = TsFileIterableDataset(
+            small_dir, batch_size=500, shuffle=True, seed=seed, return_timestamps=True
+        )
+        ds.set_epoch(epoch)
+        return torch.cat([t for _, t in ds]).numpy()  # row r has timestamp r
+
+    first = rows(0, 0)
+    assert sorted(first.tolist()) == list(range(5000))
+    np.testing.assert_array_equal(rows(0, 0), first)
+    assert not np.array_equal(rows(0, 1), first)
+    assert not np.array_equal(rows(1, 0), first)
+
+
+def test_without_set_epoch_each_pass_is_the_next_epoch(small_dir, rows_of):
+    ds = TsFileIterableDataset(small_dir, batch_size=500, order="batches")
     passes = [[int(rows_of(b)[0]) for b in ds] for _ in range(2)]
-    ref = TsFileIterableDataset(small_dir, batch_size=500, shuffle=True)
+    ref = TsFileIterableDataset(small_dir, batch_size=500, order="batches")
     ref.set_epoch(1)
     assert passes[1] == [int(rows_of(b)[0]) for b in ref]
     assert passes[0] != passes[1]
 
 
-def test_rows_inside_a_shuffled_batch_stay_in_time_order(small_dir, small_expected, rows_of):
-    ds = TsFileIterableDataset(small_dir, batch_size=700, shuffle=True)
-    for batch in ds:
-        rows = rows_of(batch)
-        assert np.array_equal(rows, np.arange(rows[0], rows[0] + len(rows)))
-        np.testing.assert_array_equal(batch.numpy(), small_expected[rows].astype(np.float32))
+def test_a_shuffled_batch_mixes_rows_from_many_places_in_time_order(small_dir, small_expected):
+    ds = TsFileIterableDataset(small_dir, batch_size=700, shuffle=True, return_timestamps=True)
+    for values, times in ds:
+        rows = times.numpy()  # row r has timestamp r
+        assert (np.diff(rows) > 0).all()  # time order inside the batch
+        assert rows[-1] - rows[0] > 2 * len(rows)  # not a run: rows from all over the buffer
+        np.testing.assert_array_equal(values.numpy(), small_expected[rows].astype(np.float32))
+
+
+def test_row_shuffle_mixes_only_the_blocks_of_its_buffer(small_dir, small_expected):
+    # blocks of 500 rows, 2 a buffer: each group of 1000 rows is 4 whole batches of 250
+    ds = TsFileIterableDataset(
+        small_dir,
+        batch_size=250,
+        shuffle=True,
+        block_rows=500,
+        shuffle_blocks=2,
+        return_timestamps=True,
+    )
+    for _ in range(2):  # epochs 0 and 1
+        batches = [t.numpy() for _, t in ds]
+        assert len(batches) == 20
+        assert sorted(np.concatenate(batches).tolist()) == list(range(5000))
+        groups = [np.unique(np.concatenate(batches[g : g + 4]) // 500) for g in range(0, 20, 4)]
+        assert all(len(blocks) == 2 for blocks in groups)  # 4 batches: 2 whole blocks
+        assert sorted(np.concatenate(groups).tolist()) == list(range(10))
+        assert any(len(np.unique(b // 500)) == 2 for b in batches)  # a batch mixes blocks
 
 
 def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
@@ -192,23 +228,63 @@ def test_map_style_dataset_with_distributed_sampler_splits_batches(
     assert set(seen) == {0, 1000, 2000, 3000, 4000}
 
 
-def test_make_loader_with_map_style_shuffle(small_dir, small_expected, rows_of):
-    loader = make_loader(TsFileDataset(small_dir, batch_size=1000), shuffle=True)
-    assert sorted(int(rows_of(b)[0]) for b in loader) == list(range(0, 5000, 1000))
+def test_make_loader_refuses_shuffle_the_order_belongs_to_the_dataset(small_dir):
+    ds = TsFileDataset(small_dir, batch_size=1000)
+    with pytest.raises(ValueError, match="shuffle belongs to the dataset"):
+        make_loader(ds, shuffle=True)
 
 
-def test_iterable_items_cover_every_batch_once_across_ranks_and_workers(small_dir):
-    ds = TsFileIterableDataset(small_dir, batch_size=100, shuffle=True)  # 50 batches
+def test_make_loader_visits_a_map_style_batch_permutation_new_each_epoch(small_dir, rows_of):
+    loader = make_loader(TsFileDataset(small_dir, batch_size=1000, order="batches", seed=3))
+    passes = [[int(rows_of(b)[0]) for b in loader] for _ in range(3)]
+    assert all(sorted(p) == list(range(0, 5000, 1000)) for p in passes)
+    assert len({tuple(p) for p in passes}) > 1
+
+
+def test_make_loader_over_a_map_style_row_shuffle_hands_each_row_once(small_dir, small_expected):
+    ds = TsFileDataset(small_dir, batch_size=1000, shuffle=True, return_timestamps=True)
+    batches = list(make_loader(ds))
+    assert len(batches) == 5
+    times = torch.cat([t for _, t in batches]).numpy()  # row r has timestamp r
+    assert sorted(times.tolist()) == list(range(5000))
+    values = torch.cat([v for v, _ in batches]).numpy()
+    np.testing.assert_array_equal(values, small_expected[times].astype(np.float32))
+
+
+@pytest.mark.parametrize("order, items", [("batches", 50), ("shuffle", 5000)])
+def test_iterable_items_cover_every_item_once_across_ranks_and_workers(small_dir, order, items):
+    # "batches": an item is one of the 50 batches; "shuffle": one of the 5000 rows
+    alone = TsFileIterableDataset(small_dir, batch_size=100, order=order, validate=False)
+    epoch_order = np.concatenate(alone.epoch_batches(5))  # the whole epoch on one rank
     for world in (1, 2, 3):
+        ranks = [
+            TsFileIterableDataset(
+                small_dir, batch_size=100, order=order, rank=r, world_size=world, validate=False
+            )
+            for r in range(world)
+        ]
+        assert len({len(ds) for ds in ranks}) == 1  # equal batch counts: DDP never hangs
+        per_rank = -(-items // world)
+        padded = np.resize(epoch_order, per_rank * world)  # wrapped around to equal counts
+        for r, ds in enumerate(ranks):  # rank r takes the r-th contiguous run of the epoch
+            np.testing.assert_array_equal(
+                np.concatenate(ds.epoch_batches(5)), padded[r * per_rank : (r + 1) * per_rank]
+            )
         for workers in (1, 2, 4):
-            per_rank = [
-                np.concatenate([ds.items_for(5, r, world, w, workers) for w in range(workers)])
-                for r in range(world)
+            got = [
+                np.concatenate(
+                    [np.concatenate(ds.items_for(5, w, workers)) for w in range(workers)]
+                )
+                for ds in ranks
             ]
-            assert len({len(p) for p in per_rank}) == 1  # equal counts: DDP never hangs
-            everything = np.concatenate(per_rank)
-            assert set(everything.tolist()) == set(range(0, 5000, 100))
-            assert len(everything) == -(-50 // world) * world
+            assert [len(g) for g in got] == [per_rank] * world  # equal counts
+            everything = np.concatenate(got)
+            assert set(everything.tolist()) == set(range(items))
+            # the workers of a rank split its items: each once
+            for r, g in enumerate(got):
+                np.testing.assert_array_equal(
+                    np.sort(g), np.sort(padded[r * per_rank : (r + 1) * per_rank])
+                )
 
 
 def test_dataset_pickles_without_native_readers(small_dir, small_expected):
@@ -223,14 +299,16 @@ def test_dataset_pickles_without_native_readers(small_dir, small_expected):
     )
 
 
+@pytest.mark.parametrize("order", ["sequential", "shuffle"])
 def test_memory_cache_keeps_rows_across_epochs_and_stops_decoding(
-    small_dir, small_expected, read_backend
+    small_dir, small_expected, read_backend, order
 ):
     ds = TsFileIterableDataset(
-        small_dir, batch_size=1000, cache="memory", shuffle=True, read_backend=read_backend
+        small_dir, batch_size=1000, cache="memory", order=order, read_backend=read_backend
     )
     first = list(ds)
-    assert ds.reader.kept_bytes == 5000 * (18 * 4 + 8 + 1)
+    assert ds._store.nbytes == 5000 * (18 * 4 + 8 + 1)
+    assert ds._store.filled.all()
     decoded = ds.reader.decoded_rows
     assert decoded >= 5000
     second = list(ds)
