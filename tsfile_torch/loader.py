@@ -79,11 +79,11 @@ def default_timeout(dataset: DatasetCore) -> float:
 class _Pass:
     """One iteration of a loader: worker failures named, epoch sums checked, effects undone."""
 
-    def __init__(self, loader, inner):
+    def __init__(self, loader, inner, scope: LoaderScope):
         self._loader = loader
         self._inner = inner
-        ds = loader.dataset
-        self._scope = LoaderScope(ds._slots, bool(getattr(inner, "_workers", None)))
+        self._scope = scope
+        scope.watch(bool(getattr(inner, "_workers", None)))
         self._sums = loader._epoch_sums()
 
     def __iter__(self):
@@ -143,15 +143,21 @@ class _Guarded:
         ds = self.dataset
         running = ds.__dict__.get("_running_loader")
         other = running() if running is not None else None
-        if other is not None and other is not self and other._running is not None:
+        live = other is not None and other._running is not None and other._running() is not None
+        if live and other is not self:
             if other.num_workers or self.num_workers:
                 raise TsFileTorchError(
                     f"this {type(ds).__name__} is already being iterated by another loader "
                     f"with DataLoader workers; two loaders over one dataset object would share "
                     f"its epoch: finish or delete the first iteration, or build a second dataset"
                 )
-        inner = super().__iter__()
-        out = _Pass(self, inner)
+        scope = LoaderScope(ds._slots)  # before the DataLoader touches process settings
+        try:
+            inner = super().__iter__()
+        except BaseException:
+            scope.close()
+            raise
+        out = _Pass(self, inner, scope)
         self._running = weakref.ref(out)
         ds.__dict__["_running_loader"] = weakref.ref(self)
         return out

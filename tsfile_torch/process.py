@@ -100,7 +100,8 @@ def enabled(name: str) -> bool:
 #: read slots of the datasets whose loaders are being iterated (for the SIGCHLD path)
 _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SCOPES = 0
-_PREVIOUS_SIGCHLD = None
+_PREVIOUS_SIGCHLD = None  # the DataLoader's handler, which _sigchld wraps
+_ORIGINAL_SIGCHLD = None  # the handler before the first open scope
 
 
 class _AllSlots:
@@ -125,28 +126,38 @@ def _sigchld(signum, frame):
 class LoaderScope:
     """The main-process effects of one loader iteration, undone by :meth:`close`.
 
-    torch's DataLoader raises "worker ... is killed by signal" from its SIGCHLD handler, so the
-    error may surface anywhere in the main thread, outside the loader's ``__next__``; while
-    scopes are open the handler is wrapped to raise a WorkerError instead. The wrapper is
-    installed over torch's handler when the first scope opens and the handler found then is
-    put back when the last one closes.
+    Open it before the DataLoader creates its iterator: the first open scope records the
+    SIGCHLD handler in force then. torch's DataLoader installs its own SIGCHLD handler when its
+    first multi-process iterator starts (and never removes it); it raises "worker ... is killed
+    by signal" from there, anywhere in the main thread, so while scopes are open that handler is
+    wrapped to raise a WorkerError naming the read instead (:meth:`watch`). When the last scope
+    closes, the recorded handler is put back and torch is told to install its own again next
+    time (its module flag ``_SIGCHLD_handler_set``, torch 2.1 to 2.13).
     """
 
-    def __init__(self, slots: ReadSlots | None, has_workers: bool):
-        global _SCOPES, _PREVIOUS_SIGCHLD
+    def __init__(self, slots: ReadSlots | None):
+        global _SCOPES, _PREVIOUS_SIGCHLD, _ORIGINAL_SIGCHLD
         self.slots = slots
-        self.open = False
-        in_main = threading.current_thread() is threading.main_thread()
-        if not (has_workers and _on["worker_reports"] and in_main):
+        self.open = _on["worker_reports"] and threading.current_thread() is threading.main_thread()
+        if not self.open:
             return
-        self.open = True
-        _LIVE.add(self)
         if _SCOPES == 0:
-            current = signal.getsignal(signal.SIGCHLD)
-            if callable(current):
-                _PREVIOUS_SIGCHLD = current
-                signal.signal(signal.SIGCHLD, _sigchld)
+            _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)
         _SCOPES += 1
+        _LIVE.add(self)
+
+    def watch(self, has_workers: bool) -> None:
+        """Wrap the DataLoader's SIGCHLD handler (call once its iterator exists)."""
+        global _PREVIOUS_SIGCHLD
+        if not (self.open and has_workers):
+            return
+        from torch.utils.data._utils import signal_handling
+
+        signal_handling._set_SIGCHLD_handler()  # persistent workers of a later pass: again
+        current = signal.getsignal(signal.SIGCHLD)
+        if callable(current) and current is not _sigchld:
+            _PREVIOUS_SIGCHLD = current
+            signal.signal(signal.SIGCHLD, _sigchld)
 
     def close(self) -> None:
         """Undo this scope's effects (idempotent; main thread only)."""
@@ -156,9 +167,13 @@ class LoaderScope:
         self.open = False
         _LIVE.discard(self)
         _SCOPES -= 1
-        if _SCOPES == 0 and _PREVIOUS_SIGCHLD is not None:
-            if signal.getsignal(signal.SIGCHLD) is _sigchld:
-                signal.signal(signal.SIGCHLD, _PREVIOUS_SIGCHLD)
+        if _SCOPES == 0:
+            if signal.getsignal(signal.SIGCHLD) is not _ORIGINAL_SIGCHLD:
+                signal.signal(signal.SIGCHLD, _ORIGINAL_SIGCHLD)
+                from torch.utils.data._utils import signal_handling
+
+                if getattr(signal_handling, "_SIGCHLD_handler_set", None) is True:
+                    signal_handling._SIGCHLD_handler_set = False  # reinstalled by the next loader
             _PREVIOUS_SIGCHLD = None
 
     __del__ = close
