@@ -3,9 +3,11 @@
 Generates the reference dataset (8 files x 1 device x 8 DOUBLE fields x 131,072 rows) into
 ``--data`` if it is not there, then trains a linear model that predicts each row's last column
 from the other 63, reading 8,192 x 64 batches through ``make_loader``. Prints loss and rows/s.
+The order is the dataset's: ``--order batches`` (default) visits contiguous batches in a new
+random order each epoch, ``shuffle`` mixes rows from 16 blocks into every batch.
 
     python examples/train.py                      # defaults: 3 epochs, 2 workers, auto backend
-    python examples/train.py --read-backend mmap --num-workers 0 --epochs 2
+    python examples/train.py --read-backend mmap --num-workers 0 --epochs 2 --order shuffle
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ def main(argv: list[str] | None = None) -> list[float]:
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batch-size", type=int, default=8192)
     parser.add_argument("--read-backend", choices=["auto", "mmap", "pread"], default="auto")
+    parser.add_argument("--order", choices=["sequential", "batches", "shuffle"], default="batches")
     parser.add_argument("--lr", type=float, default=0.05)
     args = parser.parse_args(argv)
 
@@ -42,7 +45,7 @@ def main(argv: list[str] | None = None) -> list[float]:
         print(f"writing the reference dataset to {args.data}")
         synthetic.write_reference(args.data)
     ds = TsFileIterableDataset(
-        args.data, batch_size=args.batch_size, shuffle=True, read_backend=args.read_backend
+        args.data, batch_size=args.batch_size, order=args.order, read_backend=args.read_backend
     )
     print(f"{ds}\ncolumns: {ds.columns[:3]} ... {ds.columns[-1]}")
     loader = make_loader(ds, num_workers=args.num_workers)

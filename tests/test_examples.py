@@ -42,10 +42,19 @@ def test_notebook_cells_run_in_order(tmp_path, monkeypatch, capsys):
     assert "loss" in out
 
 
-def test_readme_resume_example_runs_as_written(tmp_path, monkeypatch):
+def test_readme_resume_example_runs_on_its_own(tmp_path, monkeypatch):
+    import re
     import tempfile
+
+    import torch
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # its mkdtemp lands in tmp_path
     readme = (EXAMPLES.parent / "README.md").read_text()
-    block = readme.split("<!-- resume-example")[1].split("```python\n")[1].split("```")[0]
-    exec(compile(block, "README.md resume example", "exec"), {"__name__": "readme"})
+    blocks = re.findall(r"```python\n(.*?)```", readme, flags=re.S)
+    (block,) = [b for b in blocks if "load_state_dict" in b]  # the resume example
+    namespace: dict = {"__name__": "readme"}  # alone, as a reader copies it
+    exec(compile(block, "README.md resume example", "exec"), namespace)
+    rest, uninterrupted = namespace["rest"], namespace["uninterrupted"]
+    assert 0 < len(rest) < len(uninterrupted)
+    skipped = len(uninterrupted) - len(rest)
+    assert all(torch.equal(a, b) for a, b in zip(uninterrupted[skipped:], rest, strict=True))
