@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from tsfile import TSDataType
@@ -34,6 +34,7 @@ __all__ = [
     "Shard",
     "SourceMetadata",
     "build_catalog",
+    "check_shared_timeline",
     "lay_out",
     "read_metadata",
     "device_name",
@@ -533,7 +534,7 @@ def lay_out(
     for col in selected:
         _place_shards(col, meta.files)
     if shared_timeline:
-        _check_timeline(selected)
+        check_shared_timeline(selected)
     return _layout(meta.files, selected)
 
 
@@ -582,8 +583,12 @@ def _add_statistic(col: Column, stat) -> None:
         col.sum = float(total) if col.sum is None else col.sum + float(total)
 
 
-def _check_timeline(columns: Iterable[Column]) -> None:
-    columns = list(columns)
+def check_shared_timeline(columns: Sequence[Column], what: str = "columns") -> None:
+    """Raise SchemaError unless ``columns`` have the same row count and time range.
+
+    The metadata check of one timeline (row datasets; a device's fields for windows); rows
+    are then compared timestamp by timestamp as they are read.
+    """
     ref = columns[0]
     for col in columns[1:]:
         if (col.num_rows, col.start_time, col.end_time) != (
@@ -592,10 +597,10 @@ def _check_timeline(columns: Iterable[Column]) -> None:
             ref.end_time,
         ):
             raise SchemaError(
-                f"columns do not share one timeline: {ref.name!r} has {ref.num_rows} rows in "
+                f"{what} do not share one timeline: {ref.name!r} has {ref.num_rows} rows in "
                 f"[{ref.start_time}, {ref.end_time}], {col.name!r} has {col.num_rows} rows in "
                 f"[{col.start_time}, {col.end_time}]; select columns with equal timestamps or "
-                f"align them on time with align='union' or align='intersect'"
+                f"align them on time with align='union' or align='intersect' (and fill=...)"
             )
 
 

@@ -34,9 +34,13 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch.catalog.build import Catalog, SourceMetadata, read_metadata
+from tsfile_torch.catalog.build import (
+    Catalog,
+    SourceMetadata,
+    check_shared_timeline,
+    read_metadata,
+)
 from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
-from tsfile_torch.errors import SchemaError
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.validate import check_sources
 from tsfile_torch.native.backend import check_backend
@@ -172,7 +176,7 @@ class DatasetCore:
         """Return the table of ``columns``: positional when they share a timeline, else aligned.
 
         Raises:
-            SchemaError: their timestamps differ and ``align`` is None.
+            SchemaError: their row counts or time ranges differ and ``align`` is None.
         """
         several = len(timelines_of(catalog, columns)) > 1
         if several and self.options.align is not None:
@@ -181,22 +185,8 @@ class DatasetCore:
             )
             if not alignment.identical:  # else positional rows: the fast path
                 return Table(columns, alignment.num_rows, alignment)
-        first = catalog.columns[columns[0]]
-        for c in columns[1:]:
-            col = catalog.columns[c]
-            if (col.num_rows, col.start_time, col.end_time) != (
-                first.num_rows,
-                first.start_time,
-                first.end_time,
-            ):
-                raise SchemaError(
-                    f"{what}: {first.name!r} has {first.num_rows} rows in [{first.start_time}, "
-                    f"{first.end_time}], {col.name!r} has {col.num_rows} rows in "
-                    f"[{col.start_time}, {col.end_time}]: they do not share timestamps; select "
-                    f"columns with equal timestamps, or pass align='union' / 'intersect' (and "
-                    f"fill=...) to join them on time"
-                )
-        return Table(columns, first.num_rows)
+        check_shared_timeline([catalog.columns[c] for c in columns], what)
+        return Table(columns, catalog.columns[columns[0]].num_rows)
 
     # -- the per-process reader -------------------------------------------------------------
     def _new_reader(self, catalog: Catalog | None = None, **overrides) -> BatchReader:

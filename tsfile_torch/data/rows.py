@@ -48,17 +48,18 @@ class _Rows(DatasetCore):
     def __init__(
         self,
         sources,
-        columns: Sequence[str] | str | None,
-        batch_size: int,
-        order: str | None,
-        shuffle: bool | None,
-        seed: int,
-        drop_last: bool,
-        random_batches: int | None,
-        shuffle_blocks: int,
-        rank: int | None,
-        world_size: int | None,
-        read_options: dict[str, Any],
+        columns: Sequence[str] | str | None = None,
+        batch_size: int = 8192,
+        shuffle: bool | None = None,
+        seed: int = 0,
+        drop_last: bool = False,
+        random_batches: int | None = None,
+        rank: int | None = None,
+        world_size: int | None = None,
+        *,
+        order: str | None = None,
+        shuffle_blocks: int = 16,
+        **read_options,
     ):
         read = ReadOptions(**read_options)
         self.batch_size = check_int("batch_size", batch_size, 1, 2**40)
@@ -220,27 +221,6 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: on bad input.
     """
 
-    def __init__(
-        self,
-        sources,
-        columns: Sequence[str] | str | None = None,
-        batch_size: int = 8192,
-        shuffle: bool | None = None,
-        seed: int = 0,
-        drop_last: bool = False,
-        random_batches: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        *,
-        order: str | None = None,
-        shuffle_blocks: int = 16,
-        **read_options,
-    ):
-        _Rows.__init__(
-            self, sources, columns, batch_size, order, shuffle, seed, drop_last,
-            random_batches, shuffle_blocks, rank, world_size, read_options,
-        )  # fmt: skip
-
     def __len__(self) -> int:
         """Batches per epoch on this rank (all workers together)."""
         return len(self.epoch_batches(self.epoch or 0))
@@ -277,27 +257,6 @@ class TsFileDataset(_Rows, tud.Dataset):
 
     Takes the arguments of :class:`TsFileIterableDataset`.
     """
-
-    def __init__(
-        self,
-        sources,
-        columns: Sequence[str] | str | None = None,
-        batch_size: int = 8192,
-        seed: int = 0,
-        drop_last: bool = False,
-        random_batches: int | None = None,
-        rank: int | None = None,
-        world_size: int | None = None,
-        *,
-        order: str | None = None,
-        shuffle: bool | None = None,
-        shuffle_blocks: int = 16,
-        **read_options,
-    ):
-        _Rows.__init__(
-            self, sources, columns, batch_size, order, shuffle, seed, drop_last,
-            random_batches, shuffle_blocks, rank, world_size, read_options,
-        )  # fmt: skip
 
     def __len__(self) -> int:
         if self.random_batches is not None:

@@ -229,7 +229,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             catalog = subset_catalog(catalog, [fields_of[d][f] for d in names for f in self.fields])
         width = len(self.fields)
         tables = [
-            self._table(catalog, tuple(range(k * width, (k + 1) * width)), f"device {d!r}")
+            self._table(catalog, tuple(range(k * width, (k + 1) * width)), f"device {d!r}: fields")
             for k, d in enumerate(names)
         ]
         self._devices = names
