@@ -15,6 +15,7 @@ from tsfile_torch import (
     TsFileDataset,
     TsFileFormatError,
     TsFileIterableDataset,
+    TsFileWindowDataset,
     make_loader,
     open_reader,
     synthetic,
@@ -22,11 +23,13 @@ from tsfile_torch import (
 from tsfile_torch.cli import main
 from tsfile_torch.integrity.validate import validate_sources
 from tsfile_torch.loader import default_timeout
+from tsfile_torch.sources import expand_sources
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    """A good file and three damaged copies: metadata size, data page (max), truncated."""
+    """A good file and four damaged copies: metadata size, data page (max), truncated, and a
+    chunk header (metadata intact)."""
     directory = tmp_path_factory.mktemp("corpus")
     synthetic.write_table_files(directory / "src", synthetic.DatasetSpec(1, 1, 4, 30000))
     data = next((directory / "src").glob("*.tsfile")).read_bytes()
@@ -38,6 +41,9 @@ def corpus(tmp_path_factory):
     page[data.index(b"\x41\x04s1") + 80060] ^= 0xFF  # decodes a value above the series maximum
     (directory / "page.tsfile").write_bytes(bytes(page))
     (directory / "cut.tsfile").write_bytes(data[: len(data) // 2])
+    chunk = bytearray(data)
+    chunk[data.index(b"\x41\x04s1") + 1] ^= 0xFF  # a chunk header: SIGSEGV at its first read
+    (directory / "chunk.tsfile").write_bytes(bytes(chunk))
     return directory
 
 
@@ -48,7 +54,8 @@ def test_a_file_that_crashes_the_native_reader_is_a_format_error_naming_it(corpu
 
 def test_validation_reports_every_damaged_file_and_goes_on_after_a_crash(corpus):
     names = ["meta", "good", "cut", "page"]
-    problems = validate_sources([str(corpus / f"{n}.tsfile") for n in names], "full")
+    sources = expand_sources([str(corpus / f"{n}.tsfile") for n in names])
+    problems = validate_sources(sources, "full")
     assert [os.path.basename(p.name) for p in problems] == [
         "meta.tsfile",
         "cut.tsfile",
@@ -78,11 +85,14 @@ def test_the_statistics_check_names_file_series_and_rows_when_reading(corpus):
     assert len(list(quiet)) == 1  # the check is what catches it
 
 
-def test_validate_false_skips_the_child(corpus, monkeypatch):
-    from tsfile_torch.data import rows as datasets
-
-    monkeypatch.setattr(datasets, "check_sources", lambda sources: pytest.fail("validated"))
-    TsFileIterableDataset(corpus / "good.tsfile", validate=False)
+def test_validate_false_builds_from_metadata_alone(corpus):
+    # the damage is in a chunk header: only the validation child reads one at build time
+    with pytest.raises(
+        TsFileFormatError, match=r"chunk\.tsfile: tsfile's native reader crashed .*SIGSEGV"
+    ):
+        TsFileIterableDataset(corpus / "chunk.tsfile")
+    ds = TsFileIterableDataset(corpus / "chunk.tsfile", validate=False)
+    assert ds.num_rows == 30000 and ds.columns == [f"t.d0.s{k}" for k in range(4)]
 
 
 def test_a_file_overwritten_with_its_mtime_kept_is_noticed_between_passes(tmp_path, corpus):
@@ -152,20 +162,35 @@ def test_permission_denied_keeps_errno(tmp_path, corpus):
     assert "locked.tsfile: cannot open: permission denied" in out
 
 
-def test_zero_batches_warn_and_absurd_random_batches_are_rejected(corpus):
-    with pytest.warns(UserWarning, match="yields no batches: drop_last=True and batch_size=40000"):
+def test_zero_batches_and_absurd_random_batches_are_rejected(corpus):
+    with pytest.raises(
+        ValueError,
+        match=r"0 items per epoch cannot be shared by 1 ranks with drop_last=True: every rank "
+        r"would get none; use drop_last=False",
+    ):
         TsFileIterableDataset(corpus / "good.tsfile", batch_size=40000, drop_last=True)
-    with pytest.raises(ValueError, match=r"random_batches=1000000000000 .* beyond the limit"):
+    with pytest.raises(
+        ValueError,
+        match=r"random_batches should be an integer in \[1, 268435456\], but got "
+        r"random_batches=1000000000000",
+    ):
         TsFileIterableDataset(corpus / "good.tsfile", random_batches=10**12)
     ds = TsFileDataset(corpus / "good.tsfile", batch_size=1000)
-    with pytest.raises(ValueError, match="count=1000000000000"):
+    with pytest.raises(ValueError, match=r"count should be .*but got count=1000000000000"):
         ds.set_random_batches(10**12)
 
 
 def test_make_loader_sets_a_timeout_fitting_the_block_size(corpus):
-    ds = TsFileIterableDataset(corpus / "good.tsfile", batch_size=1000)
+    # documented: 120 s + 2e-6 s per value of one block (block_rows rows x every column)
+    ds = TsFileIterableDataset(corpus / "good.tsfile", batch_size=1000)  # 131,072 x 4 columns
     loader = make_loader(ds, num_workers=2)
-    assert loader.timeout == default_timeout(ds) > 120
+    assert loader.timeout == default_timeout(ds) == pytest.approx(120 + 2e-6 * 131072 * 4)
+    small = TsFileIterableDataset(corpus / "good.tsfile", batch_size=1000, block_rows=5000)
+    assert make_loader(small, num_workers=2).timeout == pytest.approx(120 + 2e-6 * 5000 * 4)
+    windows = TsFileWindowDataset(corpus / "good.tsfile", 24, 8)  # 32,768-row blocks, 4 fields
+    assert make_loader(windows, batch_size=64, num_workers=2).timeout == pytest.approx(
+        120 + 2e-6 * 32768 * 4
+    )
     assert make_loader(ds, num_workers=2, timeout=0).timeout == 0
     assert make_loader(ds).timeout == 0  # no workers, nothing to wait on
 
