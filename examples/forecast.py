@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from tsfile_torch import TsFileWindowDataset, build_catalog, make_window_loader, synthetic
+from tsfile_torch import TsFileWindowDataset, build_catalog, make_loader, synthetic
 
 
 def write_demo_panel(directory: str) -> None:
@@ -72,8 +72,9 @@ def main(argv: list[str] | None = None) -> dict:
         columns=args.columns,
         targets=args.targets,
     )
+    # shuffle=True: windows shuffled within a buffer of 16 blocks, a new order each epoch
     train = TsFileWindowDataset(
-        args.data, stride=args.stride, end_time=split, normalize="minmax", **common
+        args.data, stride=args.stride, end_time=split, normalize="minmax", shuffle=True, **common
     )
     val = TsFileWindowDataset(
         args.data,
@@ -84,8 +85,8 @@ def main(argv: list[str] | None = None) -> dict:
         **common,
     )
     print(f"train: {train}\nvalidation: {val}")
-    loader = make_window_loader(train, args.batch_size, num_workers=args.num_workers)
-    val_loader = make_window_loader(val, args.batch_size, shuffle=False)
+    loader = make_loader(train, batch_size=args.batch_size, num_workers=args.num_workers)
+    val_loader = make_loader(val, batch_size=args.batch_size)
 
     torch.manual_seed(0)
     n_in, n_out = args.context * len(train.columns), args.horizon * len(train.targets)
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> dict:
     optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
     history = []
     for epoch in range(args.epochs):
-        loader.batch_sampler.set_epoch(epoch)
+        train.set_epoch(epoch)
         model.train()
         windows, total, start = 0, 0.0, time.perf_counter()
         bar = tqdm(loader, desc=f"epoch {epoch}", unit="batch", leave=False)

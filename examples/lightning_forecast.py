@@ -17,7 +17,7 @@ import tempfile
 import lightning as L
 import torch
 
-from tsfile_torch import TsFileWindowDataset, build_catalog, make_window_loader
+from tsfile_torch import TsFileWindowDataset, build_catalog, make_loader
 
 
 class WindowDataModule(L.LightningDataModule):
@@ -33,7 +33,7 @@ class WindowDataModule(L.LightningDataModule):
         split = catalog.start_time + int(0.8 * (catalog.end_time - catalog.start_time))
         common = dict(context_length=self.context, horizon=self.horizon, targets=["load"])
         self.train = TsFileWindowDataset(
-            self.data, stride=4, end_time=split, normalize="minmax", **common
+            self.data, stride=4, end_time=split, normalize="minmax", shuffle=True, **common
         )
         self.val = TsFileWindowDataset(
             self.data,
@@ -44,14 +44,11 @@ class WindowDataModule(L.LightningDataModule):
         )
 
     def train_dataloader(self):
-        # WindowBatchSampler shards by DDP rank itself (Trainer(use_distributed_sampler=False))
-        self.train_loader = make_window_loader(
-            self.train, self.batch_size, num_workers=self.workers
-        )
-        return self.train_loader
+        # the dataset shards by DDP rank itself (Trainer(use_distributed_sampler=False))
+        return make_loader(self.train, batch_size=self.batch_size, num_workers=self.workers)
 
     def val_dataloader(self):
-        return make_window_loader(self.val, self.batch_size, shuffle=False)
+        return make_loader(self.val, batch_size=self.batch_size)
 
 
 class Forecaster(L.LightningModule):
@@ -63,27 +60,40 @@ class Forecaster(L.LightningModule):
             torch.nn.ReLU(),
             torch.nn.Linear(128, horizon),
         )
+        self.history: list[dict] = []  # per epoch: mean train loss, validation loss
 
     def on_train_epoch_start(self):
-        # Lightning sets the epoch of dataloader.sampler, not of a batch_sampler: a new window
-        # order each epoch needs this call
-        self.trainer.datamodule.train_loader.batch_sampler.set_epoch(self.current_epoch)
+        # each pass is the dataset's next epoch anyway; naming Lightning's epoch keeps the window
+        # order in step with it when a run resumes from a checkpoint (Lightning calls set_epoch
+        # on a loader's sampler, not on its batch sampler)
+        self.trainer.datamodule.train.set_epoch(self.current_epoch)
 
     def training_step(self, batch, _):
         x, y = batch
         loss = torch.nn.functional.mse_loss(self.net(x), y.flatten(1))
-        self.log("train_loss", loss, prog_bar=True)
+        self.log("train_loss", loss, on_step=False, on_epoch=True)  # the epoch's mean
         return loss
 
     def validation_step(self, batch, _):
         x, y = batch
         self.log("val_loss", torch.nn.functional.mse_loss(self.net(x), y.flatten(1)))
 
+    def on_train_epoch_end(self):
+        # validation of this epoch has run: both losses are in callback_metrics
+        metrics = self.trainer.callback_metrics
+        losses = {k: float(metrics[k]) for k in ("train_loss", "val_loss")}
+        self.history.append(losses)
+        print(
+            f"epoch {self.current_epoch}: train loss {losses['train_loss']:.5f}, "
+            f"validation loss {losses['val_loss']:.5f}"
+        )
+
     def configure_optimizers(self):
         return torch.optim.Adam(self.parameters(), lr=1e-3)
 
 
 def main(argv: list[str] | None = None) -> dict:
+    """Train; return each epoch's losses and the training dataset's latest epoch."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "tsfile-torch-demo"))
     parser.add_argument("--epochs", type=int, default=2)
@@ -95,6 +105,7 @@ def main(argv: list[str] | None = None) -> dict:
         here = os.path.dirname(os.path.abspath(__file__))
         runpy.run_path(os.path.join(here, "forecast.py"))["write_demo_panel"](args.data)
     data = WindowDataModule(args.data, 96, 24, 256, args.num_workers)
+    torch.manual_seed(0)
     model = Forecaster(96, 3, 24)
     trainer = L.Trainer(
         max_epochs=args.epochs,
@@ -105,9 +116,8 @@ def main(argv: list[str] | None = None) -> dict:
         enable_progress_bar=False,
     )
     trainer.fit(model, datamodule=data)
-    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
-    print(f"validation loss {metrics['val_loss']:.5f}, train loss {metrics['train_loss']:.5f}")
-    return metrics
+    print(f"finished {trainer.current_epoch} epochs")
+    return {"history": model.history, "epoch": data.train.epoch}
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import runpy
 from pathlib import Path
@@ -48,8 +49,14 @@ def test_forecasting_notebook_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     assert len(images) == 2  # the loss curve and the forecast
 
 
-def test_lightning_example_runs_when_lightning_is_installed(tmp_path, capsys):
+def test_lightning_example_trains_two_epochs_and_validates(tmp_path, capsys):
     pytest.importorskip("lightning")
     module = runpy.run_path(str(EXAMPLES / "lightning_forecast.py"))
-    module["main"](["--data", str(tmp_path / "panel"), "--epochs", "1"])
-    assert "validation" in capsys.readouterr().out
+    result = module["main"](["--data", str(tmp_path / "panel"), "--epochs", "2"])
+    out = capsys.readouterr().out
+    assert "epoch 0: train loss" in out and "epoch 1: train loss" in out
+    assert "validation loss" in out and "finished 2 epochs" in out
+    history = result["history"]
+    assert len(history) == 2 and all(math.isfinite(v) for h in history for v in h.values())
+    assert history[1]["train_loss"] < history[0]["train_loss"]
+    assert result["epoch"] == 1  # the window order followed Lightning's epochs
