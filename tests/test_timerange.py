@@ -20,7 +20,6 @@ from tsfile_torch import (
     make_loader,
     synthetic,
 )
-from tsfile_torch.sampling import orders as sampling
 
 LONG = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=3, num_rows=60000)
 START, STEP = 5, 10  # timestamps 5, 15, 25, ...: time ranges can begin and end between samples
@@ -212,17 +211,20 @@ def test_default_cache_is_capped_whatever_the_number_of_columns(small_dir):
 
 def test_a_batch_touches_only_the_files_holding_its_rows(tmp_path):
     spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2, num_rows=200)
+    paths = []
     for f in range(50):
-        synthetic.write_table_files(tmp_path, spec, row_offset=f * 200, prefix=f"day{f:03d}-")
-    ds = TsFileDataset(tmp_path, batch_size=300)
-    assert len(ds.catalog.groups) == 50
-    for start in range(0, 10000, 300):
-        stop = start + 300
-        touched = ds.reader._segments.groups(start, stop)
-        brute = [
-            i for i, g in enumerate(ds.catalog.groups) if g.start_row < stop and g.stop_row > start
-        ]
-        assert sorted(touched) == brute and len(brute) <= 2
+        paths += synthetic.write_table_files(
+            tmp_path, spec, row_offset=f * 200, prefix=f"day{f:03d}-"
+        )
+    ds = TsFileDataset(tmp_path, batch_size=300, dtype=torch.float64, index_cache=False)
+    assert len(ds.catalog.files) == 50
+    for i in range(len(ds)):
+        ds.close()  # no reader open: the batch opens exactly the files it reads
+        rows = np.arange(i * 300, min((i + 1) * 300, 10000))
+        want = np.stack([synthetic.value_of(0, c, rows) for c in (0, 1)], axis=1)
+        np.testing.assert_array_equal(ds[i].numpy(), want)
+        holding = [str(paths[f]) for f in range(rows[0] // 200, rows[-1] // 200 + 1)]
+        assert sorted(ds.backends) == holding and len(holding) <= 2
 
 
 _FD_SCRIPT = textwrap.dedent(
@@ -329,9 +331,11 @@ def test_random_windows_crossing_a_workers_range_after_sequential_epochs_are_exa
     """A window that starts in a worker's rows and ends past them, its block already cached."""
     ds = TsFileIterableDataset(small_dir, batch_size=1000, dtype=torch.float64)
     loader = make_loader(ds, num_workers=2)
-    assert (
-        sum(len(b) for b in loader) == 5000
-    )  # sequential: workers own rows [0, 3000), [3000, 5000)
+    # sequential: each worker reads its own contiguous stretch of rows (its reader clipped to it)
+    assert sum(len(b) for b in loader) == 5000
+    # worker 0's rows [0, edge): the batches it was given
+    edge = (int(max(b[-1] for b in ds.items_for(0, worker=0, num_workers=2))) + 1) * 1000
+    assert 0 < edge < 5000
     ds.set_random_batches(40)
     for _ in range(2):
         batches = list(loader)
@@ -339,8 +343,10 @@ def test_random_windows_crossing_a_workers_range_after_sequential_epochs_are_exa
         for batch in batches:
             rows = rows_of(batch)
             np.testing.assert_array_equal(batch.numpy(), small_expected[rows])
-    _, edge = sampling.worker_row_range(5000, 1000, 0, 2)  # worker 0 owns rows [0, edge)
     crossing = [  # worker 0's windows of epochs 1 and 2 that end in worker 1's rows
-        s for e in (1, 2) for s in ds.items_for(e, worker=0, num_workers=2) if s < edge < s + 1000
+        int(b[0])
+        for e in (1, 2)
+        for b in ds.items_for(e, worker=0, num_workers=2)
+        if b[0] < edge < b[0] + 1000
     ]
     assert crossing, "no window crossed the workers' boundary: pick another seed"
