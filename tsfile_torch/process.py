@@ -197,7 +197,10 @@ def start_worker(parent_pid: int, started_from_main_thread: bool) -> None:
 
             util.Finalize(None, _remove, args=(path,), exitpriority=0)
     if _on["parent_guard"]:
-        _guard_parent(parent_pid, started_from_main_thread)
+        # the process that started this worker: the loader's (fork, spawn) or the fork server,
+        # which exits with it (forkserver); prctl fires when the starting *thread* exits
+        parent = os.getppid()
+        _guard_parent(parent, started_from_main_thread or parent != parent_pid)
 
 
 def _guard_parent(parent_pid: int, use_prctl: bool) -> None:
