@@ -30,26 +30,30 @@ def _rank_main(rank: int, world: int, store_path: str, data: str, out: str, cont
     store = dist.FileStore(store_path, world)
     dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
     try:
-        kinds = {
+        kinds = {  # rank and world size come from the process group
+            # rows shuffled within the buffer: 5000 rows, 2500 a rank in batches of 700
             "iterable": TsFileIterableDataset(
                 data, batch_size=700, shuffle=True, seed=3, return_timestamps=True
-            ),  # 8 batches
-            "map": TsFileDataset(data, batch_size=700, return_timestamps=True),
+            ),
+            # 8 batches of rows in a (seed, epoch) permutation
+            "map": TsFileDataset(
+                data, batch_size=700, order="batches", seed=3, return_timestamps=True
+            ),
         }
         results = {}
         for name, ds in kinds.items():
-            loader = make_loader(
-                ds, num_workers=2, shuffle=name == "map", multiprocessing_context=context
-            )
+            loader = make_loader(ds, num_workers=2, multiprocessing_context=context)
             for epoch in range(2):  # no set_epoch: each pass is the next epoch on every rank
-                firsts = []
-                for values, times in loader:
-                    _check_rows(values, times.numpy())
-                    firsts.append(int(times[0]))
+                times = []
+                for values, batch_times in loader:
+                    _check_rows(values, batch_times.numpy())
+                    times.append(batch_times.numpy())
                 counts = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
                 # would hang if ranks disagreed on the number of steps
-                dist.all_gather(counts, torch.tensor([len(firsts)]))
-                results[f"{name}{epoch}"] = np.array(firsts + [len(loader)])
+                dist.all_gather(counts, torch.tensor([len(times)]))
+                results[f"{name}{epoch}"] = np.concatenate(times)
+                results[f"{name}{epoch}_firsts"] = np.array([int(t[0]) for t in times])
+                results[f"{name}{epoch}_len"] = np.array([len(times), len(loader)])
         np.savez(os.path.join(out, f"rank{rank}.npz"), **results)
     finally:
         dist.destroy_process_group()
@@ -76,21 +80,27 @@ def _run_ranks(world: int, data, tmp_path, context: str) -> list[dict]:
 )
 def test_two_ranks_with_two_workers_split_every_epoch(small_dir, tmp_path, context):
     per_rank = _run_ranks(2, small_dir, tmp_path, context)
-    every_batch = set(range(0, 5000, 700))
     for name in ("iterable0", "iterable1", "map0", "map1"):
-        firsts = [p[name][:-1] for p in per_rank]
-        assert [len(f) for f in firsts] == [4, 4]  # 8 batches: 4 per rank, not 8
-        assert [p[name][-1] for p in per_rank] == [4, 4]  # len(loader) is the per-rank count
-        assert set(np.concatenate(firsts).tolist()) == every_batch  # each batch once
+        # 4 batches a rank, not 8; len(loader) is the per-rank count
+        assert [list(p[f"{name}_len"]) for p in per_rank] == [[4, 4], [4, 4]]
+        rows = np.concatenate([p[name] for p in per_rank])  # row r has timestamp r
+        assert sorted(rows.tolist()) == list(range(5000))  # each row once across the ranks
+    for p in per_rank:  # the map dataset's batches are whole batches of 700 rows
+        assert {int(f) % 700 for f in p["map0_firsts"]} == {0}
     for name in ("iterable", "map"):
-        orders = [np.concatenate([p[f"{name}{e}"][:-1] for p in per_rank]) for e in (0, 1)]
-        assert not np.array_equal(orders[0], orders[1])  # epoch 1 is a new permutation
+        for p in per_rank:  # epoch 1 is a new order on each rank
+            assert not np.array_equal(p[f"{name}0"], p[f"{name}1"])
 
 
 @pytest.mark.slow  # three spawned ranks: ~20 s on 2 cores
 def test_three_ranks_pad_to_equal_counts(small_dir, tmp_path):
     per_rank = _run_ranks(3, small_dir, tmp_path, "fork")
-    firsts = [p["iterable0"][:-1] for p in per_rank]
-    assert [len(f) for f in firsts] == [3, 3, 3]  # 8 batches padded to 9 by wrapping around
-    everything = np.concatenate(firsts).tolist()
-    assert set(everything) == set(range(0, 5000, 700)) and len(everything) == 9
+    # 8 batches padded to 9 by wrapping around: 3 a rank
+    assert [int(p["map0_len"][0]) for p in per_rank] == [3, 3, 3]
+    firsts = np.concatenate([p["map0_firsts"] for p in per_rank]).tolist()
+    assert set(firsts) == set(range(0, 5000, 700)) and len(firsts) == 9
+    # 5000 shuffled rows padded to 5001: 1667 rows a rank, in batches of 700, 700 and 267
+    assert [int(p["iterable0_len"][0]) for p in per_rank] == [3, 3, 3]
+    rows = np.concatenate([p["iterable0"] for p in per_rank]).tolist()
+    assert [len(p["iterable0"]) for p in per_rank] == [1667] * 3
+    assert set(rows) == set(range(5000)) and len(rows) == 5001
