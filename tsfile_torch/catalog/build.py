@@ -102,7 +102,8 @@ class Column:
     name: str
     dtype: str
     shards: list[Shard] = field(default_factory=list)
-    num_values: int = 0
+    #: non-null values (metadata); None when a time range cut the series (not known then)
+    num_values: int | None = 0
     min: float | None = None
     max: float | None = None
     sum: float | None = None
@@ -648,8 +649,9 @@ def _restrict(
                         last=None,
                     )
                 )
-        if kept != col.shards:
-            col.sum = None  # the metadata's sum covers rows left out
+        if kept != col.shards:  # the metadata's sum and value count cover rows left out
+            col.sum = None
+            col.num_values = None
         if not kept and not drop_empty:
             raise SchemaError(
                 f"column {col.name!r} has no rows in the time range [{start_time}, {end_time}] "

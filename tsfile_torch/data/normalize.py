@@ -163,7 +163,8 @@ def series_stats(
     out = {}
     for name, cols in names.items():
         columns = [catalog.columns[c] for c in cols]
-        count = sum(c.num_values for c in columns)
+        counts = [c.num_values for c in columns]
+        count = None if None in counts else sum(counts)  # None: a time range cut a series
         totals = [c.sum for c in columns]
         out[name] = {
             "count": count,
