@@ -418,9 +418,9 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     def _whole_device(self, k: int) -> None:
         """Decode device ``k`` into the memory store (``cache="memory"``), once per process."""
         store = self._memory()
-        n = self.tables[k].num_rows
-        if store.has(k, 0, n):
+        if store.has_whole(k):
             return
+        n = self.tables[k].num_rows
         for lo in range(0, n, self.block_rows):
             self._rows(k, lo, min(lo + self.block_rows, n))
 

@@ -31,6 +31,7 @@ class MemoryStore:
         self.values = np.empty((total, num_columns), dtype=dtype)
         self.times = np.empty(total, dtype=np.int64)
         self.filled = np.zeros(total, dtype=bool)
+        self._whole = np.zeros(len(sizes), dtype=bool)  # tables known to be kept entirely
 
     @property
     def nbytes(self) -> int:
@@ -38,8 +39,17 @@ class MemoryStore:
 
     def has(self, table: int, start: int, stop: int) -> bool:
         """Return True if rows ``[start, stop)`` of ``table`` are kept."""
+        if self._whole[table]:
+            return True
         base = self.offsets[table]
         return bool(self.filled[base + start : base + stop].all())
+
+    def has_whole(self, table: int) -> bool:
+        """Return True if every row of ``table`` is kept (remembered once found)."""
+        if not self._whole[table]:
+            lo, hi = self.offsets[table], self.offsets[table + 1]
+            self._whole[table] = bool(self.filled[lo:hi].all())
+        return bool(self._whole[table])
 
     def get(self, table: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Return views of kept rows ``[start, stop)`` of ``table``: values, timestamps."""
