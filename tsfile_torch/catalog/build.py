@@ -21,7 +21,7 @@ from tsfile import TSDataType
 
 from tsfile_torch.errors import SchemaError, TsFileFormatError
 from tsfile_torch.native.backend import open_reader
-from tsfile_torch.native.errors import native_call
+from tsfile_torch.native.errors import METADATA_ERRORS, native_call
 from tsfile_torch.native.queries import prepare_handles, query_times
 from tsfile_torch.sources import Source
 
@@ -206,6 +206,7 @@ def _read_metadata(source: Source) -> tuple[dict, dict]:
                 "reading the TsFile metadata",
                 lambda: (reader.get_timeseries_metadata(None), reader.get_all_table_schemas()),
                 hint="the file is damaged or not a TsFile",
+                also=METADATA_ERRORS,
             )
         finally:
             reader.close()

@@ -15,7 +15,7 @@ import tsfile
 from tsfile import FileReadBackend, TsFileReader
 
 from tsfile_torch.errors import MappingError
-from tsfile_torch.native.errors import native_call
+from tsfile_torch.native.errors import METADATA_ERRORS, native_call
 from tsfile_torch.native.forkfix import check_fork_safety
 from tsfile_torch.options import READ_BACKENDS, parse_backend
 from tsfile_torch.sources.base import Source, SourceLike, as_source
@@ -111,6 +111,7 @@ def open_reader(
                 TsFileReader,
                 target,
                 hint="the file is empty, truncated, not a TsFile, or damaged",
+                also=METADATA_ERRORS,
             )
         finally:
             tsfile.set_file_read_backend(previous)

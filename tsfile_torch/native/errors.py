@@ -26,7 +26,7 @@ from tsfile.exceptions import LibraryError
 
 from tsfile_torch.errors import TsFileFormatError
 
-__all__ = ["NATIVE_ERRORS", "native_call"]
+__all__ = ["METADATA_ERRORS", "NATIVE_ERRORS", "native_call"]
 
 #: What tsfile's native reader raises on damaged, truncated or changed files.
 NATIVE_ERRORS: tuple[type[BaseException], ...] = (
@@ -41,19 +41,32 @@ NATIVE_ERRORS: tuple[type[BaseException], ...] = (
 DAMAGED = "the file is damaged, truncated or was changed while in use"
 
 
+#: What tsfile's Python layer raises on damaged metadata besides :data:`NATIVE_ERRORS`
+#: (an enum value out of range: "254 is not a valid ColumnCategory"); caught only around
+#: metadata reads, where no code of ours runs.
+METADATA_ERRORS: tuple[type[BaseException], ...] = (ValueError, KeyError, IndexError)
+
+
 def native_call(
-    name: str, what: str, fn: Callable[..., Any], *args, hint: str = DAMAGED, **kwargs
+    name: str,
+    what: str,
+    fn: Callable[..., Any],
+    *args,
+    hint: str = DAMAGED,
+    also: tuple[type[BaseException], ...] = (),
+    **kwargs,
 ) -> Any:
     """Return ``fn(*args, **kwargs)``; a native error becomes TsFileFormatError naming ``name``.
 
     The message reads ``"{name}: {what} failed ({error}); {hint}"``: ``what`` says what was
-    being done ("reading device t.d0, rows [0, 8192) via mmap").
+    being done ("reading device t.d0, rows [0, 8192) via mmap"); ``also`` adds exception
+    types to catch where only tsfile's code runs (:data:`METADATA_ERRORS`).
     """
     try:
         if faulthandler.is_enabled():
             return _in_named_frame(f"{name}: {what}", fn, args, kwargs)
         return fn(*args, **kwargs)
-    except NATIVE_ERRORS as err:
+    except NATIVE_ERRORS + also as err:
         raise TsFileFormatError(
             f"{name}: {what} failed ({type(err).__name__}: {err}); {hint}"
         ) from err
