@@ -16,13 +16,7 @@ import torch
 from resume_support import read_log, through_disk
 from torch.utils.data import DataLoader
 
-from tsfile_torch import (
-    TsFileWindowDataset,
-    WindowBatchSampler,
-    collate_windows,
-    make_window_loader,
-    synthetic,
-)
+from tsfile_torch import EpochSampler, TsFileWindowDataset, collate_windows, make_loader, synthetic
 
 COUNTS = [300, 170, 121]  # rows per device
 
@@ -47,19 +41,24 @@ class _LoggedWindows(TsFileWindowDataset):
 
 def _build(data, log: str, num_workers: int, stride: int = 3, **loader_kwargs):
     ds = _LoggedWindows(
-        data, context_length=8, horizon=2, stride=stride, block_rows=32, return_timestamps=True
+        data,
+        context_length=8,
+        horizon=2,
+        stride=stride,
+        block_rows=32,
+        return_timestamps=True,
+        shuffle=True,
+        shuffle_blocks=2,
+        seed=-4,
     )
     ds.log = log
-    loader = make_window_loader(
-        ds,
-        batch_size=10,
-        num_workers=num_workers,
-        blocks_per_shuffle=2,
-        seed=-4,
-        stateful=True,
-        **loader_kwargs,
-    )
+    loader = make_loader(ds, batch_size=10, num_workers=num_workers, stateful=True, **loader_kwargs)
     return ds, loader
+
+
+def _batches(sampler: EpochSampler, epoch: int) -> list[list[int]]:
+    """Window indices of each batch of ``epoch``, in the order the loader delivers them."""
+    return [b.tolist() for b in sampler.batches(epoch)]
 
 
 def _expected(ds, indices: list[int]) -> tuple[np.ndarray, np.ndarray]:
@@ -119,14 +118,14 @@ def test_window_resume_in_epoch_0_and_1_gives_the_uninterrupted_batches(
     _, loader = _build(panel, str(tmp_path / "full.txt"), num_workers)
     full = [list(loader) for _ in range(3)]
     sampler = loader.batch_sampler
-    orders = [sampler.batches_for(e) for e in range(3)]
+    orders = [_batches(sampler, e) for e in range(3)]
     assert orders[0] != orders[1] != orders[2]  # no set_epoch: every pass is the next epoch
     for epoch in (0, 1):
         k = 7
         ds, resumed, head, rest, following, reads = _resume_run(
             panel, tmp_path, num_workers, epoch, k
         )
-        assert resumed.batches_for(epoch) == orders[epoch]
+        assert _batches(resumed, epoch) == orders[epoch]
         _check(ds, head + rest, orders[epoch])  # exact values, in the uninterrupted order
         _check(ds, following, orders[epoch + 1])
         for a, b in zip(head + rest, full[epoch], strict=True):
@@ -141,7 +140,7 @@ def test_window_contract_save_at_every_position_of_an_epoch(panel, tmp_path, num
     """The torchdata contract: for every k, k batches + resumed rest == one whole epoch."""
     _, loader = _build(panel, str(tmp_path / "full.txt"), num_workers, stride=9)
     sampler = loader.batch_sampler
-    orders = [sampler.batches_for(e) for e in range(3)]
+    orders = [_batches(sampler, e) for e in range(3)]
     assert 5 <= len(orders[1]) <= 10  # a small epoch
     for k in range(len(orders[1]) + 1):
         ds, _, head, rest, following, reads = _resume_run(
@@ -158,15 +157,16 @@ def test_window_contract_save_at_every_position_of_an_epoch(panel, tmp_path, num
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_window_resume_with_workers_of_another_start_method(panel, method):
     def build():
-        ds = TsFileWindowDataset(panel, context_length=8, horizon=2, stride=3, block_rows=32)
-        loader = make_window_loader(
-            ds,
-            10,
-            num_workers=2,
-            blocks_per_shuffle=2,
-            stateful=True,
-            multiprocessing_context=method,
+        ds = TsFileWindowDataset(
+            panel,
+            context_length=8,
+            horizon=2,
+            stride=3,
+            block_rows=32,
+            shuffle=True,
+            shuffle_blocks=2,
         )
+        loader = make_loader(ds, 10, num_workers=2, stateful=True, multiprocessing_context=method)
         return ds, loader
 
     ds, loader = build()
@@ -179,8 +179,8 @@ def test_window_resume_with_workers_of_another_start_method(panel, method):
     loader.load_state_dict(state)
     sampler = loader.batch_sampler
     batches = [(x, y) for x, y in head + list(loader)]
-    assert [len(x) for x, _ in batches] == [len(b) for b in sampler.batches_for(1)]
-    for (x, y), indices in zip(batches, sampler.batches_for(1), strict=True):
+    assert [len(x) for x, _ in batches] == [len(b) for b in _batches(sampler, 1)]
+    for (x, y), indices in zip(batches, _batches(sampler, 1), strict=True):
         expected = collate_windows(ds.__getitems__(indices))
         assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
 
@@ -192,9 +192,9 @@ def test_a_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
     ds, sampler, head, rest, following, reads = _resume_run(
         panel, tmp_path, num_workers, 1, 0, finish=True
     )
-    _check(ds, head, sampler.batches_for(1))
-    _check(ds, rest, sampler.batches_for(2))
-    _check(ds, following, sampler.batches_for(3))
+    _check(ds, head, _batches(sampler, 1))
+    _check(ds, rest, _batches(sampler, 2))
+    _check(ds, following, _batches(sampler, 3))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
@@ -209,66 +209,91 @@ def test_a_pass_begun_after_one_broken_off_resumes_as_the_next_epoch(panel, tmp_
     ds, loader = _build(panel, log, num_workers)
     loader.load_state_dict(state)
     sampler = loader.batch_sampler
-    _check(ds, list(loader), sampler.batches_for(1))
-    _check(ds, list(loader), sampler.batches_for(2))
+    _check(ds, list(loader), _batches(sampler, 1))
+    _check(ds, list(loader), _batches(sampler, 2))
 
 
 @pytest.mark.parametrize("persistent", [True, False])
 def test_a_plain_loader_gives_a_new_order_every_pass_without_set_epoch(panel, persistent):
-    ds = TsFileWindowDataset(panel, context_length=8, horizon=2, stride=3, block_rows=32)
-    sampler = WindowBatchSampler(ds, batch_size=10, blocks_per_shuffle=2, num_workers=2, seed=1)
+    ds = TsFileWindowDataset(
+        panel,
+        context_length=8,
+        horizon=2,
+        stride=3,
+        block_rows=32,
+        shuffle=True,
+        shuffle_blocks=2,
+        seed=1,
+    )
+    sampler = EpochSampler(ds, batch_size=10, num_workers=2)
     loader = DataLoader(ds, batch_sampler=sampler, num_workers=2, persistent_workers=persistent)
     lookup = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
     passes = [[[lookup[x.numpy().tobytes()] for x in xs] for xs, _ in loader] for _ in range(3)]
-    assert passes == [sampler.batches_for(e) for e in range(3)]
+    assert passes == [_batches(sampler, e) for e in range(3)]
     assert passes[0] != passes[1] != passes[2] != passes[0]
-    assert sampler.epoch == 2
+    assert ds.epoch == 2
     sampler.set_epoch(0)  # set_epoch still names the next pass; later passes count on
     assert [list(b) for b in sampler] == passes[0]
     assert [list(b) for b in sampler] == passes[1]
 
 
+def _shuffled(panel, stride=3, **kwargs):
+    return TsFileWindowDataset(
+        panel, context_length=8, horizon=2, stride=stride, block_rows=32, shuffle=True, **kwargs
+    )
+
+
 def test_sampler_state_names_epoch_position_and_what_the_order_depends_on(panel):
-    ds = TsFileWindowDataset(panel, context_length=8, horizon=2, stride=3, block_rows=32)
-    sampler = WindowBatchSampler(ds, batch_size=10, seed=-1, num_replicas=2, rank=1)
-    assert sampler.state_dict()["epoch"] is None and sampler.epoch is None
+    ds = _shuffled(panel, seed=-1, rank=1, world_size=2)
+    sampler = EpochSampler(ds, batch_size=10)
+    assert sampler.state_dict()["epoch"] is None and ds.epoch is None
     list(sampler)
-    # a pass that ran out: the state points at the next epoch's start
-    assert (sampler.state_dict()["epoch"], sampler.state_dict()["position"]) == (1, 0)
-    assert sampler.epoch == 0
+    assert ds.epoch == 0
     it = iter(sampler)
     first = [next(it), next(it), next(it)]
-    state = sampler.state_dict()
-    assert {k: state[k] for k in ("epoch", "position", "seed", "rank", "world_size")} == {
+    state = through_disk(sampler.state_dict())
+    assert {k: state[k] for k in ("epoch", "position", "rank", "world_size", "num_workers")} == {
         "epoch": 1,
         "position": 3,
-        "seed": 2**64 - 1,
         "rank": 1,
         "world_size": 2,
+        "num_workers": 0,
     }
-    assert state["num_workers"] == 0 and state["windows"][0] == len(ds)
-    again = WindowBatchSampler(ds, batch_size=10, seed=-1, num_replicas=2, rank=1)
+    assert state["order"]["seed"] == 2**64 - 1 and state["order"]["order"] == "shuffle"
+    assert state["layout"][0] == len(ds)  # windows per epoch
+    again = EpochSampler(_shuffled(panel, seed=-1, rank=1, world_size=2), batch_size=10)
     again.load_state_dict(state)
-    assert first + list(again) == sampler.batches_for(1)  # rank 1's epoch 1, resumed
-    assert list(again) == sampler.batches_for(2)
+    assert first + list(again) == _batches(sampler, 1)  # rank 1's epoch 1, resumed
+    assert list(again) == _batches(sampler, 2)
+
+
+def test_a_sampler_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(panel):
+    sampler = EpochSampler(_shuffled(panel, seed=-1, rank=1, world_size=2), batch_size=10)
+    list(sampler)
+    finished = through_disk(sampler.state_dict())
+    fresh = EpochSampler(_shuffled(panel, seed=-1, rank=1, world_size=2), batch_size=10)
+    fresh.load_state_dict(finished)
+    # a pass that ran out: the next pass is the next epoch, as in an uninterrupted run
+    assert [list(b) for b in fresh] == _batches(sampler, 1)
+    assert [list(b) for b in fresh] == _batches(sampler, 2)
 
 
 @pytest.mark.parametrize(
     "change, match",
     [
-        ({"seed": 1}, "saved with seed=2, this sampler has seed=1"),
-        ({"batch_size": 8}, "saved with batch_size=10, this sampler has batch_size=8"),
-        ({"num_replicas": 2, "rank": 0}, "num_replicas=1, this sampler has num_replicas=2"),
-        ({"num_workers": 2}, "num_workers=0, .* resume with the same num_workers"),
-        ({"blocks_per_shuffle": 3}, "blocks_per_shuffle=2"),
-        ({"stride": 4}, "saved with windows="),
+        ({"seed": 1}, r"saved with order=.*'seed': 2.*this one has order=.*'seed': 1"),
+        ({"shuffle_blocks": 3}, r"saved with order=.*'shuffle_blocks': 2.*'shuffle_blocks': 3"),
+        ({"rank": 1, "world_size": 2}, "saved with rank=0, this one has rank=1"),
+        ({"rank": 0, "world_size": 2}, "saved with world_size=1, this one has world_size=2"),
+        ({"stride": 4}, "saved with layout="),
+        ({"batch_size": 8}, r"saved with layout=\[.*, 10\], this one has layout=\[.*, 8\]"),
+        ({"num_workers": 2}, "saved with num_workers=0, this one has num_workers=2"),
     ],
 )
 def test_a_state_of_another_order_is_a_clear_error(panel, change, match):
-    def sampler(stride=3, **kwargs):
-        ds = TsFileWindowDataset(panel, context_length=8, stride=stride, block_rows=32)
-        args = {"batch_size": 10, "seed": 2, "blocks_per_shuffle": 2, **kwargs}
-        return WindowBatchSampler(ds, **args)
+    def sampler(stride=3, batch_size=10, num_workers=0, **kwargs):
+        ds = _shuffled(panel, stride=stride, **{"seed": 2, "shuffle_blocks": 2, **kwargs})
+        return EpochSampler(ds, batch_size=batch_size, num_workers=num_workers)
 
     saved = sampler()
     next(iter(saved))

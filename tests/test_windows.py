@@ -13,12 +13,12 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from tsfile_torch import (
+    EpochSampler,
     Normalizer,
     SchemaError,
     TsFileWindowDataset,
-    WindowBatchSampler,
     collate_windows,
-    make_window_loader,
+    make_loader,
     synthetic,
 )
 
@@ -36,11 +36,20 @@ def _device_rows(device: int, rows: np.ndarray, fields: list[int]) -> np.ndarray
     return np.stack([synthetic.value_of(device, j, rows) for j in fields], axis=1)
 
 
-def _check_window(ds, i, item, x_fields, y_fields):
+def _first_row_in_range(device: int, start_time: int | None) -> int:
+    """Device row of the first timestamp >= ``start_time`` (0 without a time range)."""
+    if start_time is None:
+        return 0
+    times = synthetic.panel_device_times(device, np.arange(COUNTS[device]))
+    return int(np.searchsorted(times, start_time))
+
+
+def _check_window(ds, i, item, x_fields, y_fields, start_time=None):
     info = ds.window_info(i)
     d = int(info.device.rsplit(".s", 1)[1])
     c, h = ds.context_length, ds.horizon
-    rows = np.arange(info.start_row, info.start_row + c + h)
+    first = _first_row_in_range(d, start_time) + info.start_row  # start_row counts in range
+    rows = np.arange(first, first + c + h)
     x, y, tx, ty = item
     np.testing.assert_array_equal(x.numpy(), _device_rows(d, rows[:c], x_fields))
     np.testing.assert_array_equal(y.numpy(), _device_rows(d, rows[c:], y_fields))
@@ -116,24 +125,27 @@ def test_time_range_keeps_windows_inside_it(panel_dir):
         dtype=torch.float64,
         return_timestamps=True,
     )
-    assert ds.window_info(0).start_row == 50 and len(ds) == (70 - 12) // 5 + 1
+    # start_row counts rows inside the time range: window 0 starts at device row 50
+    assert _first_row_in_range(1, 100) == 50
+    assert ds.window_info(0).start_row == 0 and len(ds) == (70 - 12) // 5 + 1
+    assert ds.window_info(1).start_row == 5
     for i in range(len(ds)):
-        _check_window(ds, i, ds[i], [0, 1, 2], [0, 1, 2])
+        _check_window(ds, i, ds[i], [0, 1, 2], [0, 1, 2], start_time=100)
         assert 100 <= ds[i][2][0] and ds[i][3][-1] <= 239
 
 
 @pytest.mark.parametrize(
     ("kwargs", "error", "message"),
     [
-        ({"context_length": 0}, ValueError, "context_length should be a positive integer"),
-        ({"context_length": 4, "horizon": -1}, ValueError, "horizon should be a positive"),
-        ({"context_length": 4, "stride": 0}, ValueError, "stride should be a positive"),
-        ({"context_length": True}, TypeError, "context_length should be a positive integer"),
+        ({"context_length": 0}, ValueError, r"context_length should be an integer in \[1, .*=0"),
+        ({"context_length": 4, "horizon": -1}, ValueError, r"horizon should be .*horizon=-1"),
+        ({"context_length": 4, "stride": 0}, ValueError, r"stride should be .* in \[1, .*=0"),
+        ({"context_length": True}, TypeError, "context_length should be an integer, but got"),
         ({"context_length": 290, "horizon": 11}, SchemaError, "no device has 301 rows.*300"),
         ({"context_length": 4, "columns": ["volt"]}, SchemaError, r"\['volt'\] are not numeric"),
         ({"context_length": 4, "targets": ["f9"]}, SchemaError, r"\['f9'\] are not numeric"),
         ({"context_length": 4, "devices": "meters.x*"}, SchemaError, "matches no device"),
-        ({"context_length": 4, "align": "outer"}, ValueError, "align must be None, 'union'"),
+        ({"context_length": 4, "align": "outer"}, ValueError, "align must be one of 'union'"),
         ({"context_length": 4, "fill": "bfill"}, ValueError, "fill must be one of"),
         ({"context_length": 4, "normalize": "zscore"}, ValueError, "normalize must be None"),
         ({"context_length": 4, "start_time": 9, "end_time": 3}, ValueError, "after end_time"),
@@ -209,7 +221,8 @@ def test_unaligned_tree_fields_are_aligned_on_time(tmp_path, expected_aligned, c
         [(a_times, a_times * 10.0), (b_times, b_times * 100.0 + 1)], align, fill
     )
     if len(rows) < 4:
-        with pytest.raises(SchemaError, match="no device has 4 rows"):
+        message = "no device has 4 rows" if len(rows) else r"align='intersect'.* share no timestamp"
+        with pytest.raises(SchemaError, match=message):
             TsFileWindowDataset(tmp_path, context_length=3, horizon=1, align=align, fill=fill)
         return
     ds = TsFileWindowDataset(
@@ -231,7 +244,9 @@ def test_unaligned_tree_fields_are_aligned_on_time(tmp_path, expected_aligned, c
 
 def test_unaligned_fields_without_align_are_an_error_naming_the_device(tmp_path):
     _tree_pair(tmp_path, *CASES["interleaving"])
-    with pytest.raises(SchemaError, match=r"device 'root.sg.d1': fields 'a'.*align='union'"):
+    with pytest.raises(
+        SchemaError, match=r"device 'root.sg.d1': 'root.sg.d1.a' .*'root.sg.d1.b' .*align='union'"
+    ):
         TsFileWindowDataset(tmp_path, context_length=3)
 
 
@@ -291,9 +306,16 @@ def test_spawned_workers_open_their_own_readers(panel_dir, method):
     np.testing.assert_array_equal(got.numpy(), torch.stack([ds[i][0] for i in range(len(ds))]))
 
 
-def test_block_sampler_yields_each_window_once_and_reshuffles_per_epoch(panel_dir):
-    ds = TsFileWindowDataset(panel_dir, context_length=4, stride=1, block_rows=32)
-    sampler = WindowBatchSampler(ds, batch_size=10, blocks_per_shuffle=2, seed=3)
+def _block_of(ds, block_rows: int):
+    """The function ``window -> (device, block)`` of the window's first row."""
+    return lambda i: (ds.window_info(i).device, ds.window_info(i).start_row // block_rows)
+
+
+def test_shuffle_yields_each_window_once_and_reshuffles_per_epoch(panel_dir):
+    ds = TsFileWindowDataset(
+        panel_dir, context_length=4, stride=1, block_rows=32, shuffle=True, shuffle_blocks=2, seed=3
+    )
+    sampler = EpochSampler(ds, batch_size=10)
     epochs = []
     for epoch in range(2):
         sampler.set_epoch(epoch)
@@ -301,37 +323,69 @@ def test_block_sampler_yields_each_window_once_and_reshuffles_per_epoch(panel_di
         assert sorted(flat) == list(range(len(ds)))
         epochs.append(flat)
     assert epochs[0] != epochs[1]
-    # windows of one batch come from at most blocks_per_shuffle (+1 at a group edge) blocks
-    block = lambda i: (ds.window_info(i).device, ds.window_info(i).start_row // 32)  # noqa: E731
+    # windows of one batch come from at most shuffle_blocks (+2 at a group edge) blocks
+    block = _block_of(ds, 32)
     sampler.set_epoch(0)
     assert max(len({block(i) for i in batch}) for batch in sampler) <= 4
 
 
-def test_block_sampler_gives_workers_disjoint_blocks_and_ranks_equal_counts(panel_dir):
-    ds = TsFileWindowDataset(panel_dir, context_length=4, stride=1, block_rows=32)
-    block = lambda i: (ds.window_info(i).device, ds.window_info(i).start_row // 32)  # noqa: E731
-    sampler = WindowBatchSampler(ds, batch_size=8, blocks_per_shuffle=2, num_workers=2)
-    batches = list(sampler)
-    worker_blocks = [{block(i) for b in batches[w::2] for i in b} for w in range(2)]
-    # the DataLoader hands batch k to worker k % 2: apart from the tail, blocks are disjoint
-    shared = worker_blocks[0] & worker_blocks[1]
-    assert len(shared) <= 2
+class _WorkerLogged(TsFileWindowDataset):
+    """Appends ``worker id, window index`` of every window it reads to ``log`` (any process)."""
+
+    log = ""
+
+    def __getitems__(self, indices):
+        info = torch.utils.data.get_worker_info()
+        with open(self.log, "a") as fh:
+            fh.writelines(f"{info.id if info else -1} {int(i)}\n" for i in indices)
+        return super().__getitems__(indices)
+
+
+def test_shuffled_loader_workers_read_disjoint_blocks(panel_dir, tmp_path):
+    ds = _WorkerLogged(
+        panel_dir, context_length=4, stride=1, block_rows=32, shuffle=True, shuffle_blocks=2
+    )
+    ds.log = str(tmp_path / "reads.txt")
+    for _ in make_loader(ds, batch_size=8, num_workers=2):
+        pass
+    reads = np.loadtxt(ds.log, dtype=np.int64, ndmin=2)
+    assert sorted(reads[:, 1]) == list(range(len(ds)))  # every window once
+    block = _block_of(ds, 32)
+    worker_blocks = [{block(int(i)) for i in reads[reads[:, 0] == w, 1]} for w in range(2)]
+    # each worker decodes its own blocks: apart from the edge between the two stretches,
+    # no block is decoded by both
+    assert len(worker_blocks[0] & worker_blocks[1]) <= 2, worker_blocks
+
+
+def test_ranks_get_equal_disjoint_shares_of_shuffled_windows(panel_dir):
     counts, union = [], set()
     for rank in range(3):
-        s = WindowBatchSampler(ds, batch_size=8, num_replicas=3, rank=rank, drop_last=True)
-        flat = [i for b in s for i in b]
+        ds = TsFileWindowDataset(
+            panel_dir,
+            context_length=4,
+            stride=1,
+            block_rows=32,
+            shuffle=True,
+            shuffle_blocks=2,
+            drop_last=True,
+            rank=rank,
+            world_size=3,
+        )
+        flat = [i for b in EpochSampler(ds, batch_size=8) for i in b]
         counts.append(len(flat))
         union |= set(flat)
-    assert len(set(counts)) == 1 and len(union) == sum(counts)
+    # drop_last: each rank's len(ds) // 3 windows, in whole batches of 8
+    assert counts == [len(ds) // 3 // 8 * 8] * 3 and len(union) == sum(counts)
 
 
-def test_block_sampler_through_two_workers_covers_every_window(panel_dir):
-    ds = TsFileWindowDataset(panel_dir, context_length=12, horizon=3, stride=2, block_rows=64)
+def test_shuffled_loader_through_two_workers_covers_every_window(panel_dir):
+    ds = TsFileWindowDataset(
+        panel_dir, context_length=12, horizon=3, stride=2, block_rows=64, shuffle=True
+    )
     lookup = _index_of(ds)
-    sampler = WindowBatchSampler(ds, batch_size=16, num_workers=2)
-    loader = DataLoader(ds, batch_sampler=sampler, num_workers=2, persistent_workers=True)
+    loader = make_loader(ds, batch_size=16, num_workers=2)
     for epoch in range(2):
-        sampler.set_epoch(epoch)
+        loader.batch_sampler.set_epoch(epoch)
         seen = [lookup[row.numpy().tobytes()] for x, _ in loader for row in x[:, 0]]
         assert sorted(seen) == list(range(len(ds)))
 
@@ -342,7 +396,7 @@ def test_memory_cache_decodes_every_row_once(panel_dir):
     decoded = ds.reader.decoded_rows
     ds.__getitems__(list(reversed(range(len(ds)))))
     assert ds.reader.decoded_rows == decoded == sum(COUNTS)  # every row once
-    assert ds.cached_bytes == sum(COUNTS) * (3 * 4 + 8)
+    assert ds.cached_bytes == sum(COUNTS) * (3 * 4 + 9)  # values, time, kept flag
     streaming = TsFileWindowDataset(
         panel_dir, context_length=3, horizon=2, return_timestamps=True, block_rows=64
     )
@@ -419,7 +473,8 @@ def test_validation_dataset_takes_the_training_normalizer(panel_dir):
     x = val[0]
     info = val.window_info(0)
     d = int(info.device.rsplit(".s", 1)[1])
-    raw = _device_rows(d, np.arange(info.start_row, info.start_row + 6), [0, 1, 2])
+    first = _first_row_in_range(d, 201) + info.start_row  # start_row counts in range
+    raw = _device_rows(d, np.arange(first, first + 6), [0, 1, 2])
     expect = train.normalizer(raw, ["f0", "f1", "f2"]).astype(np.float32)
     np.testing.assert_allclose(x.numpy(), expect, rtol=1e-6)
     wrong = Normalizer(("volt",), (0.0,), (1.0,))
@@ -428,10 +483,13 @@ def test_validation_dataset_takes_the_training_normalizer(panel_dir):
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
-def test_make_window_loader_hands_over_stacked_batches(panel_dir, num_workers):
-    ds = TsFileWindowDataset(panel_dir, context_length=12, horizon=3, stride=2, block_rows=64)
+def test_make_loader_hands_over_stacked_batches(panel_dir, num_workers):
+    ds = TsFileWindowDataset(
+        panel_dir, context_length=12, horizon=3, stride=2, block_rows=64, shuffle=True, seed=1
+    )
     lookup = _index_of(ds)
-    loader = make_window_loader(ds, batch_size=16, num_workers=num_workers, seed=1)
+    loader = make_loader(ds, batch_size=16, num_workers=num_workers)
+    orders = []
     for epoch in range(2):
         loader.batch_sampler.set_epoch(epoch)
         seen = []
@@ -439,6 +497,8 @@ def test_make_window_loader_hands_over_stacked_batches(panel_dir, num_workers):
             assert x.shape[1:] == (12, 3) and y.shape[1:] == (3, 3) and len(x) == len(y) <= 16
             seen += [lookup[row.numpy().tobytes()] for row in x[:, 0]]
         assert sorted(seen) == list(range(len(ds)))
+        orders.append(seen)
+    assert orders[0] != orders[1]
 
 
 def test_collate_windows_matches_default_collate(panel_dir):
@@ -450,14 +510,20 @@ def test_collate_windows_matches_default_collate(panel_dir):
         assert torch.equal(a, b)
 
 
-def test_block_sampler_epoch_decodes_each_block_once_with_a_small_cache(panel_dir):
+def test_shuffled_epoch_decodes_each_block_once_with_a_small_cache(panel_dir):
     length, block = 5, 32
     one_block = (block + length - 1) * (3 * 4 + 8)
     ds = TsFileWindowDataset(
-        panel_dir, context_length=4, horizon=1, block_rows=block, cache_bytes=3 * one_block
+        panel_dir,
+        context_length=4,
+        horizon=1,
+        block_rows=block,
+        cache_bytes=3 * one_block,
+        shuffle=True,
+        shuffle_blocks=2,
+        seed=5,
     )
-    sampler = WindowBatchSampler(ds, batch_size=10, blocks_per_shuffle=2, seed=5)
-    for batch in sampler:
+    for batch in EpochSampler(ds, batch_size=10):
         ds.__getitems__(batch)
     # each block once: its rows plus the tail its last windows need, nothing decoded twice
     expected = sum(
@@ -502,19 +568,22 @@ def test_tree_devices_continue_across_files_with_their_own_timestamps(tmp_path):
 
 @pytest.mark.parametrize("drop_last", [False, True])
 @pytest.mark.parametrize(("replicas", "workers"), [(1, 0), (1, 2), (3, 2)])
-def test_block_sampler_len_matches_what_it_yields(panel_dir, drop_last, replicas, workers):
-    ds = TsFileWindowDataset(panel_dir, context_length=4, stride=3, block_rows=32)
+def test_sampler_and_loader_len_match_what_they_yield(panel_dir, drop_last, replicas, workers):
     for rank in range(replicas):
-        sampler = WindowBatchSampler(
-            ds,
-            batch_size=7,
-            num_workers=workers,
-            num_replicas=replicas,
-            rank=rank,
+        ds = TsFileWindowDataset(
+            panel_dir,
+            context_length=4,
+            stride=3,
+            block_rows=32,
+            shuffle=True,
+            shuffle_blocks=3,
+            seed=7,
             drop_last=drop_last,
-            blocks_per_shuffle=3,
-            seed=rank,
+            rank=rank,
+            world_size=replicas,
         )
+        sampler = EpochSampler(ds, batch_size=7, num_workers=workers)
+        assert len(make_loader(ds, batch_size=7, num_workers=workers)) == len(sampler)
         for _ in range(2):  # each pass is the next epoch; lengths may differ between epochs
             expected = len(sampler)  # before the pass (tqdm, Lightning): the coming pass's
             it = iter(sampler)
@@ -533,7 +602,9 @@ def test_tree_fields_with_equal_metadata_but_different_timestamps(tmp_path, expe
         tmp_path / "t.tsfile", {"root.sg.d1": {"a": series[0], "b": series[1]}}
     )
     plain = TsFileWindowDataset(tmp_path, context_length=8, horizon=2)  # metadata agrees
-    with pytest.raises(SchemaError, match=r"device 'root.sg.d1': field 'b' has different"):
+    with pytest.raises(
+        SchemaError, match=r"\['root.sg.d1.b'\] do not share timestamps with column 'root.sg.d1.a'"
+    ):
         plain[0]
     times, values = expected_aligned(series, "union", "zero")
     ds = TsFileWindowDataset(
@@ -542,3 +613,35 @@ def test_tree_fields_with_equal_metadata_but_different_timestamps(tmp_path, expe
     assert len(ds) == len(times) - 9
     x, y = ds[40]
     np.testing.assert_array_equal(torch.cat([x, y]).numpy(), values[40:50])
+
+
+def test_misaligned_fields_of_a_later_device_are_named_with_its_own_columns(tmp_path):
+    times = np.arange(0, 200, 2)
+    other = np.append(np.arange(99), 198)  # same count, first and last; differs inside
+    synthetic.write_tree_series(
+        tmp_path / "t.tsfile",
+        {
+            "root.sg.d1": {"a": (times, times * 1.0), "b": (times, times * 2.0)},
+            "root.sg.d2": {"a": (times, times * 1.0), "b": (other, -other * 1.0)},
+        },
+    )
+    ds = TsFileWindowDataset(tmp_path, context_length=8, horizon=2)  # metadata agrees
+    np.testing.assert_array_equal(ds[0][0][:, 1].numpy(), times[:8] * 2.0)  # d1 is fine
+    with pytest.raises(
+        SchemaError, match=r"\['root.sg.d2.b'\] do not share timestamps with column 'root.sg.d2.a'"
+    ):
+        ds[len(ds) - 1]  # a window of d2
+
+
+def test_a_device_without_rows_in_the_time_range_has_no_windows(panel_dir):
+    # device 2 (40 rows) ends at time 119; the others run on past time 201
+    ds = TsFileWindowDataset(panel_dir, context_length=6, start_time=201, dtype=torch.float64)
+    counts = ds.window_counts()
+    assert counts["meters.s2"] == 0 and len(ds) == sum(counts.values()) > 0
+    for i in (0, len(ds) - 1):
+        info = ds.window_info(i)
+        d = int(info.device.rsplit(".s", 1)[1])
+        first = _first_row_in_range(d, 201) + info.start_row
+        np.testing.assert_array_equal(
+            ds[i].numpy(), _device_rows(d, np.arange(first, first + 6), [0, 1, 2])
+        )
