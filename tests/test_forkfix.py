@@ -1,11 +1,19 @@
-"""The fork fix (Note: tsfile and fork, tsfile_torch/forkfix.py): forked children read with a pool.
+"""The fork fix (Note: tsfile and fork, tsfile_torch/native/forkfix.py): forked children read.
 
-Tests of the fix itself skip where it is not active (another tsfile build or version).
+On the tsfile versions the fix was tested on, a plain ``fork()`` of a process that has read
+TsFiles reads exact values; without the fix (another tsfile, or ``process.disable("fork_fix")``)
+such a child raises TsFileTorchError instead of hanging, and make_loader starts its workers with
+forkserver. Tests of the fix's mechanism itself skip where it is not active.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,23 +24,34 @@ from tsfile_torch import TsFileIterableDataset, TsFileTorchError
 from tsfile_torch.loader import worker_context
 from tsfile_torch.native import forkfix
 
+REPO = Path(__file__).resolve().parents[1]
+
 needs_fix = pytest.mark.skipif(
     not forkfix.fork_safe(), reason="fork fix inactive: tsfile version or symbols differ"
 )
 
 
-def _sorted_rows(batches) -> np.ndarray:
-    values = torch.cat(batches).numpy()
+def _sorted_rows(values: np.ndarray) -> np.ndarray:
     return values[np.lexsort(values.T[::-1])]
 
 
-@needs_fix
-def test_plain_fork_after_reading_in_the_parent_reads_exact_values(small_dir, small_expected):
+def test_a_plain_fork_reads_exactly_on_a_tested_tsfile_and_raises_elsewhere(
+    small_dir, small_expected
+):
+    tested = sys.platform == "linux" and metadata.version("tsfile") in forkfix.TESTED_VERSIONS
     ds = TsFileIterableDataset(small_dir, batch_size=1000, read_backend="mmap")
     next(iter(ds))  # tsfile's native thread pool now runs in this process
-    loader = DataLoader(ds, batch_size=None, num_workers=2, multiprocessing_context="fork")
-    want = small_expected.astype(np.float32)
-    np.testing.assert_array_equal(_sorted_rows(list(loader)), want[np.lexsort(want.T[::-1])])
+    # a plain DataLoader: nothing of make_loader's set-up; timeout: a hang would be an error
+    loader = DataLoader(
+        ds, batch_size=None, num_workers=2, multiprocessing_context="fork", timeout=120
+    )
+    if tested:
+        got = torch.cat(list(loader)).numpy()
+        want = small_expected.astype(np.float32)
+        np.testing.assert_array_equal(_sorted_rows(got), _sorted_rows(want))
+    else:
+        with pytest.raises(TsFileTorchError, match="does not survive fork"):
+            next(iter(loader))
 
 
 @needs_fix
@@ -60,20 +79,54 @@ def test_a_forked_child_decodes_with_a_fresh_native_pool(small_dir):
     assert after > before  # the child built its own decode threads (tsfile 2.5: 6)
 
 
-def test_fork_without_the_fix_is_an_error_not_a_hang(small_dir, monkeypatch):
-    monkeypatch.setattr(forkfix, "_enabled", False)  # as with a tsfile build we cannot fix
-    ds = TsFileIterableDataset(small_dir, batch_size=1000)  # validation: a fresh interpreter
-    next(iter(ds))
-    loader = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork")
-    with pytest.raises(TsFileTorchError, match="does not survive fork"):
-        next(iter(loader))
-    assert worker_context().get_start_method() == "forkserver"
+# Switching the fix off cannot be undone in a process: it runs in a child interpreter.
+WITHOUT_FIX = r"""
+import json, sys
+import numpy as np, torch
+from torch.utils.data import DataLoader
+import tsfile_torch
+from tsfile_torch import TsFileIterableDataset, TsFileTorchError, make_loader
+from tsfile_torch.loader import worker_context
+
+tsfile_torch.process.disable("fork_fix")
+out = {"enabled": tsfile_torch.process.enabled("fork_fix")}
+ds = TsFileIterableDataset(sys.argv[1], batch_size=1000, dtype="float64")
+next(iter(ds))  # this process has used tsfile: a plain fork of it cannot read
+plain = DataLoader(ds, batch_size=None, num_workers=1, multiprocessing_context="fork", timeout=120)
+try:
+    next(iter(plain))
+    out["plain_fork"] = "read"
+except TsFileTorchError as err:
+    out["plain_fork"] = f"{type(err).__name__}: {err}"
+del plain
+out["start_method"] = worker_context().get_start_method()
+loader = make_loader(ds, num_workers=2)
+out["loader_start_method"] = loader.multiprocessing_context.get_start_method()
+out["rows"] = torch.cat(list(loader)).numpy().tolist()
+print(json.dumps(out))
+"""
 
 
-def test_the_fix_is_gated_by_the_tested_tsfile_versions():
-    assert forkfix.fork_safe() == (
-        forkfix._tsfile_version() in forkfix.TESTED_VERSIONS and bool(forkfix._LIBS)
+def test_without_the_fix_a_plain_fork_raises_and_make_loader_uses_forkserver(
+    small_dir, small_expected
+):
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", WITHOUT_FIX, str(small_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
     )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    out = json.loads(proc.stdout.splitlines()[-1])
+    assert out["enabled"] is False
+    assert out["plain_fork"].startswith("TsFileTorchError: ")
+    assert "tsfile's native thread pool does not survive fork()" in out["plain_fork"]
+    assert "multiprocessing_context='forkserver'" in out["plain_fork"]
+    assert out["start_method"] == out["loader_start_method"] == "forkserver"
+    got = np.array(out["rows"])
+    np.testing.assert_array_equal(_sorted_rows(got), _sorted_rows(small_expected))
 
 
 @needs_fix
