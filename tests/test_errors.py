@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 
+import numpy as np
 import pytest
 import torch
 
@@ -42,7 +43,11 @@ def test_glob_matching_nothing_names_the_pattern(tmp_path):
 def test_empty_or_garbage_file_is_a_format_error_naming_it(tmp_path, content):
     bad = tmp_path / "bad.tsfile"
     bad.write_bytes(content)
-    with pytest.raises(TsFileFormatError, match=r"bad.tsfile: cannot open as a TsFile"):
+    with pytest.raises(
+        TsFileFormatError,
+        match=r"bad\.tsfile: opening as a TsFile failed \(.+\); the file is empty, truncated, "
+        r"not a TsFile, or damaged",
+    ):
         TsFileIterableDataset(bad)
 
 
@@ -70,21 +75,27 @@ def test_unknown_column_is_a_schema_error(small_dir):
         (
             {"batch_size": 0},
             ValueError,
-            r"batch_size should be a positive integer value, but got "
-            r"batch_size=0",
+            r"batch_size should be an integer in \[1, 1099511627776\], but got batch_size=0",
         ),
         ({"batch_size": True}, TypeError, r"batch_size=True"),
         ({"batch_size": 8.5}, TypeError, r"batch_size=8.5"),
         ({"shuffle": 1}, TypeError, r"shuffle should be True or False"),
         ({"drop_last": "yes"}, TypeError, r"drop_last should be True or False"),
-        ({"seed": 2.5}, ValueError, r"seed should be an integer \(any sign"),
+        ({"seed": 2.5}, TypeError, r"seed should be an integer \(any sign.*but got seed=2.5"),
+        ({"batch_size": np.int64(0)}, ValueError, r"but got batch_size=0"),
         ({"read_backend": "mmpa"}, ValueError, r"got 'mmpa'"),
         ({"dtype": torch.int64}, ValueError, r"dtype must be one of"),
-        ({"random_batches": 0}, ValueError, r"random_batches should be a positive integer"),
+        (
+            {"random_batches": 0},
+            ValueError,
+            r"random_batches should be an integer in \[1, 268435456\], but got random_batches=0",
+        ),
         ({"random_batches": 4, "shuffle": True}, ValueError, r"cannot be combined"),
         ({"cache": "disk"}, ValueError, r"cache must be one of 'none', 'memory'; got 'disk'"),
         ({"columns": []}, ValueError, r"columns must be None or a non-empty list"),
-        ({"columns": [3]}, TypeError, r"columns must hold str"),
+        ({"columns": [3]}, TypeError, r"columns must be names or glob patterns \(str\); got 3"),
+        ({"order": "sorted"}, ValueError, r"order must be one of 'sequential', 'batches'"),
+        ({"shuffle": True, "order": "sequential"}, ValueError, r"contradicts order='sequential'"),
         ({"nonsense": 1}, TypeError, r"nonsense"),
     ],
 )
@@ -93,9 +104,19 @@ def test_invalid_arguments_are_rejected_with_the_argument_named(small_dir, kwarg
         TsFileIterableDataset(small_dir, **kwargs)
 
 
-def test_map_style_dataset_refuses_shuffle_and_says_use_a_sampler(small_dir):
-    with pytest.raises(TypeError, match="RandomSampler"):
-        TsFileDataset(small_dir, shuffle=True)
+def test_map_style_dataset_takes_shuffle_and_its_loader_hands_out_every_row_once(
+    small_dir, small_expected
+):
+    ds = TsFileDataset(small_dir, batch_size=1000, shuffle=True)
+    want = small_expected.astype(np.float32)
+    np.testing.assert_array_equal(ds[0].numpy(), want[:1000])  # ds[i]: batch i in row order
+    row_of = {want[i].tobytes(): i for i in range(len(want))}
+    batches = [b.numpy() for b in make_loader(ds)]
+    rows = [np.array([row_of[r.tobytes()] for r in b]) for b in batches]
+    assert [len(r) for r in rows] == [1000] * 5
+    assert all(np.all(np.diff(r) > 0) for r in rows)  # rows of a batch in time order
+    assert sorted(np.concatenate(rows).tolist()) == list(range(5000))  # each row once
+    assert not np.array_equal(np.concatenate(rows), np.arange(5000))  # and shuffled
 
 
 def test_map_style_index_out_of_range_is_an_index_error(small_dir):
@@ -112,7 +133,7 @@ def test_loader_rejects_a_batch_size_and_bad_worker_counts(small_dir):
         make_loader(ds, batch_size=4)
     with pytest.raises(ValueError, match="num_workers=-1"):
         make_loader(ds, num_workers=-1)
-    with pytest.raises(ValueError, match="TsFileIterableDataset\\(shuffle=True\\)"):
+    with pytest.raises(ValueError, match=r"shuffle belongs to the dataset: .*shuffle=True"):
         make_loader(ds, shuffle=True)
     with pytest.warns(UserWarning, match="exceeds the 1 batches"):
         make_loader(ds, num_workers=2)
@@ -135,7 +156,6 @@ def test_file_changed_between_epochs_fails_clearly(tmp_path, small_dir):
 def _integer_file(path, num_rows: int = 1000) -> None:
     """Table ``t``, device ``d0``: INT64 ``big`` = 2**40 + row, INT32 ``small`` = row, DOUBLE
     ``f64`` = row / 2."""
-    import numpy as np
     import pyarrow as pa
     from tsfile import ColumnCategory, ColumnSchema, TableSchema, TSDataType, TsFileTableWriter
 
@@ -168,8 +188,6 @@ def _integer_file(path, num_rows: int = 1000) -> None:
 
 def test_integers_beyond_the_dtype_warn_once_naming_the_columns(tmp_path):
     import warnings
-
-    import numpy as np
 
     _integer_file(tmp_path / "ints.tsfile")
     with pytest.warns(UserWarning) as caught:
