@@ -634,10 +634,15 @@ def test_misaligned_fields_of_a_later_device_are_named_with_its_own_columns(tmp_
 
 
 def test_a_device_without_rows_in_the_time_range_has_no_windows(panel_dir):
-    # device 2 (40 rows) ends at time 119; the others run on past time 201
+    # devices 2 (40 rows) and 3 (121 rows) end before time 201; devices 0 and 1 run on past it
     ds = TsFileWindowDataset(panel_dir, context_length=6, start_time=201, dtype=torch.float64)
     counts = ds.window_counts()
-    assert counts["meters.s2"] == 0 and len(ds) == sum(counts.values()) > 0
+    in_range = [n - _first_row_in_range(d, 201) for d, n in enumerate(COUNTS)]
+    assert in_range[2] == in_range[3] == 0
+    assert [counts.get(f"meters.s{d}", 0) for d in range(4)] == [
+        max(n - 6 + 1, 0) for n in in_range
+    ]
+    assert len(ds) == sum(counts.values())
     for i in (0, len(ds) - 1):
         info = ds.window_info(i)
         d = int(info.device.rsplit(".s", 1)[1])
