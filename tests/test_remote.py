@@ -18,8 +18,10 @@ import torch
 from tsfile_torch import (
     RemoteError,
     TsFileDataset,
+    TsFileFormatError,
     TsFileIterableDataset,
     TsFileTorchError,
+    TsFileWindowDataset,
     make_loader,
     synthetic,
 )
@@ -60,6 +62,7 @@ def test_iterable_dataset_reads_s3_exactly_and_a_second_epoch_fetches_nothing(
     ]
     built = s3_server.object_gets(bucket)
     assert 0 < built <= 2 * 3  # metadata: head and tail range reads, not whole files
+    assert list((tmp_path / "cache").glob("*.tsfile")) == []  # nothing downloaded at build
     loader = make_loader(ds, num_workers=num_workers)
     for epoch in range(2):
         ds.set_epoch(epoch)
@@ -81,13 +84,15 @@ def test_map_style_dataset_reads_s3_exactly(
         f"s3://{bucket}/data/*.tsfile",
         batch_size=800,
         read_backend="mmap",
+        return_timestamps=True,
         storage_options=s3_server.storage_options,
         cache_dir=tmp_path / "cache",
     )
     loader = make_loader(ds, num_workers=num_workers)
-    for _ in range(2):
-        got = torch.cat(list(loader)).numpy()
-        np.testing.assert_array_equal(got, small_expected.astype(np.float32))
+    for _ in range(2):  # workers' batches arrive round-robin: compared in row order
+        values, times = _in_row_order(list(loader))
+        np.testing.assert_array_equal(times, np.arange(len(small_expected)))
+        np.testing.assert_array_equal(values, small_expected.astype(np.float32))
     if num_workers == 0:
         assert set(ds.backends.values()) == {"mmap"}  # the local copies, memory-mapped
 
@@ -222,20 +227,33 @@ def test_a_url_without_fsspec_names_the_extra_to_install(monkeypatch):
         TsFileIterableDataset("s3://b/x.tsfile")
 
 
-def test_memory_and_file_urls_read_like_paths(small_dir, small_expected, tmp_path):
+def test_memory_urls_read_like_paths_while_another_thread_runs(small_dir, small_expected, tmp_path):
+    """A process with threads validates in a fresh interpreter: memory:// must still work."""
+    import threading
+
     import fsspec
 
     fs = fsspec.filesystem("memory")
     for path in sorted(small_dir.glob("*.tsfile")):
         fs.pipe(f"/tsfile-torch-test/{path.name}", path.read_bytes())
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
     try:
         mem = TsFileDataset("memory://tsfile-torch-test/", batch_size=5000, cache_dir=tmp_path)
         np.testing.assert_array_equal(mem[0].numpy(), small_expected.astype(np.float32))
     finally:
+        stop.set()
+        other.join()
         fs.rm("/tsfile-torch-test", recursive=True)
+
+
+def test_file_urls_are_local_files_read_in_place(small_dir, small_expected):
+    from tsfile_torch.sources import LocalFile
+
     local = TsFileDataset(f"file://{small_dir}/*.tsfile", batch_size=5000)
     assert [f.source for f in local.catalog.files] == [
-        str(p) for p in sorted(small_dir.glob("*.tsfile"))
+        LocalFile(str(p)) for p in sorted(small_dir.glob("*.tsfile"))
     ]
     np.testing.assert_array_equal(local[0].numpy(), small_expected.astype(np.float32))
 
@@ -262,14 +280,13 @@ def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
     assert "remote, empty cache, workers=0" in capsys.readouterr().out
 
 
-def test_readme_object_storage_example_runs_as_written(
+def test_object_storage_guide_example_runs_as_written(
     s3_server, small_dir, tmp_path, monkeypatch, capsys
 ):
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    section = readme.split("## Data in object storage", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "object-storage.md").read_text()
+    code = guide.split("```python\n", 1)[1].split("```", 1)[0]
     s3_server.upload("tsfile-torch-demo", small_dir, prefix="data/")
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
@@ -337,3 +354,65 @@ def test_an_object_deleted_after_the_build_is_an_error_naming_it_at_first_read(
     with pytest.raises(RemoteError, match=rf"{re.escape(url)}: cannot fetch .*no such"):
         ds[0]
     assert [p.name for p in (tmp_path / "cache").iterdir() if ".part." in p.name] == []
+
+
+def test_windows_over_an_s3_panel_equal_the_local_panels(s3_server, tmp_path):
+    name = f"bucket-{next(_BUCKETS)}"
+    panel = tmp_path / "panel"
+    synthetic.write_panel(panel, num_devices=3, num_fields=2, num_rows=[700, 500, 600])
+    s3_server.upload(name, panel, prefix="panel/")
+    args = dict(context_length=48, horizon=12, stride=5, return_timestamps=True, dtype="float64")
+    local = TsFileWindowDataset(panel, **args)
+    ds = TsFileWindowDataset(
+        f"s3://{name}/panel/",
+        storage_options=dict(s3_server.storage_options),
+        cache_dir=str(tmp_path / "cache"),
+        **args,
+    )
+    assert ds.devices == local.devices == ["meters.s0", "meters.s1", "meters.s2"]
+    assert ds.columns == ["f0", "f1"] and len(ds) == len(local)
+    counts = {"meters.s0": 129, "meters.s1": 89, "meters.s2": 109}  # (rows - 60) // 5 + 1
+    assert ds.window_counts() == local.window_counts() == counts
+    assert [f.name for f in ds.catalog.files] == [
+        f"s3://{name}/panel/panel00{i}.tsfile" for i in range(2)
+    ]
+    for i in (0, 128, 129, 217, 218, 326):  # first and last window of each device: exact values
+        info = ds.window_info(i)
+        assert info == local.window_info(i)
+        d = int(info.device.rsplit(".s", 1)[1])
+        rows = info.start_row + np.arange(60)
+        x, y, x_times, y_times = ds[i]
+        want = np.stack([synthetic.value_of(d, j, rows) for j in range(2)], axis=1)
+        np.testing.assert_array_equal(torch.cat([x, y]).numpy(), want)
+        stamps = synthetic.panel_device_times(d, rows)
+        np.testing.assert_array_equal(torch.cat([x_times, y_times]).numpy(), stamps)
+    got = list(make_loader(ds, batch_size=64, num_workers=2))
+    want = list(make_loader(local, batch_size=64, num_workers=2))
+    assert len(got) == len(want) == -(-len(ds) // 64)
+    for a, b in zip(got, want, strict=True):
+        for part_a, part_b in zip(a, b, strict=True):
+            torch.testing.assert_close(part_a, part_b, rtol=0, atol=0)
+    copies = sorted(p.name.rsplit("-", 1)[1] for p in (tmp_path / "cache").glob("*.tsfile"))
+    assert copies == ["panel000.tsfile", "panel001.tsfile"]  # read through local copies
+
+
+def test_a_damaged_object_is_a_format_error_naming_its_url_not_a_crash(s3_server, tmp_path):
+    name = f"bucket-{next(_BUCKETS)}"
+    synthetic.write_table_files(tmp_path / "src", synthetic.DatasetSpec(1, 1, 4, 30000))
+    data = bytearray(next((tmp_path / "src").glob("*.tsfile")).read_bytes())
+    (tmp_path / "up").mkdir()
+    (tmp_path / "up" / "good.tsfile").write_bytes(bytes(data))
+    data[len(data) - 8] ^= 0xFF  # the metadata-size field: SIGSEGV in tsfile's reader
+    (tmp_path / "up" / "meta.tsfile").write_bytes(bytes(data))
+    s3_server.upload(name, tmp_path / "up", prefix="data/")
+    url = f"s3://{name}/data/meta.tsfile"
+    kwargs = {"storage_options": s3_server.storage_options, "cache_dir": tmp_path / "cache"}
+    with pytest.raises(
+        TsFileFormatError, match=rf"^{re.escape(url)}: tsfile's native reader crashed"
+    ):
+        TsFileIterableDataset(f"s3://{name}/data/", **kwargs)
+    with pytest.raises(TsFileFormatError, match=rf"^{re.escape(url)}: "):
+        TsFileWindowDataset(url, 24, 8, **kwargs)
+    good = TsFileDataset(f"s3://{name}/data/good.tsfile", batch_size=30000, **kwargs)
+    want = np.stack([synthetic.value_of(0, c, np.arange(30000)) for c in range(4)], axis=1)
+    np.testing.assert_array_equal(good[0].numpy(), want.astype(np.float32))
