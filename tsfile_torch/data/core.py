@@ -536,9 +536,15 @@ class EpochSampler(tud.Sampler):
         return self._latest.state_dict()
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        """Make the next pass continue where ``saved`` stood."""
+        """Make the next pass continue where ``saved`` stood.
+
+        A state at the start of an epoch also sets the dataset's next epoch, so a pass begun
+        afresh (a loader that starts a new iterator after loading) takes that epoch too.
+        """
         self._latest = _SamplerPass(self)
         self._latest.load_state_dict(saved)
+        if self._latest._pending is not None and self._latest._pending[1] == 0:
+            self.dataset.epochs.set(self._latest._pending[0])
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (the dataset's :meth:`DatasetCore.set_epoch`)."""
@@ -553,6 +559,7 @@ class _SamplerPass(Iterator):
         self.sampler = sampler
         self.cursor: state.Cursor | None = None
         self._pending: tuple[int, int] | None = None  # a loaded (epoch, position)
+        self.finished = False  # raised StopIteration
 
     def _begin(self) -> None:
         ds = self.sampler.dataset
@@ -566,12 +573,18 @@ class _SamplerPass(Iterator):
     def __next__(self):
         if self.cursor is None:
             self._begin()
-        items = next(self.cursor)
+        try:
+            items = next(self.cursor)
+        except StopIteration:
+            self.finished = True
+            raise
         return self.sampler.dataset._batch_key(items, self.sampler.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
-        if self.cursor is None:
-            epoch, position = self._pending or (None, 0)
+        if self.cursor is None:  # not begun: where it would begin
+            epoch, position = self._pending or (self.sampler.dataset.epochs.peek(), 0)
+        elif self.finished:  # ran out (StopIteration): the next pass begins
+            epoch, position = self.cursor.epoch + 1, 0
         else:
             epoch, position = self.cursor.epoch, self.cursor.position
         return state.pass_state(
@@ -581,4 +594,4 @@ class _SamplerPass(Iterator):
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         epoch, position = state.check_state(saved, self.sampler.identity(), "EpochSampler")
         self._pending = None if epoch is None else (epoch, position)
-        self.cursor = None
+        self.cursor, self.finished = None, False

@@ -138,6 +138,11 @@ class EpochCounter:
         """Make the next pass epoch ``epoch``."""
         self._word.value = _pack(epoch, True)
 
+    def peek(self) -> int:
+        """Return the epoch a new main-process pass would claim now (claiming nothing)."""
+        word = _unpack(self._word.value)
+        return word.epoch if word.explicit else word.epoch + 1
+
     def claim(self, tag: int = 0, leader: bool = True) -> int:
         """Return the epoch of a new pass; the leader (worker 0, or the main process) records it.
 
