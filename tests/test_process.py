@@ -1,0 +1,216 @@
+"""Process-wide effects (tsfile_torch/process.py): named, switchable, undone after a loader.
+
+A loader made by make_loader changes the main process only while it is being iterated; its
+workers write their fatal-signal report to a file quoted in the WorkerError, never to the
+terminal; a dataset build never forks a process that runs other Python threads.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import faulthandler
+import gc
+import multiprocessing
+import multiprocessing.forkserver
+import os
+import signal
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data as tud
+
+import tsfile_torch
+from tsfile_torch import (
+    TsFileDataset,
+    TsFileFormatError,
+    TsFileIterableDataset,
+    WorkerError,
+    make_loader,
+    synthetic,
+)
+
+
+def _process_state() -> dict:
+    """What a library could leave behind in the user's process."""
+    return {
+        "sigchld": signal.getsignal(signal.SIGCHLD),
+        "faulthandler": faulthandler.is_enabled(),
+        "start_method": multiprocessing.get_start_method(allow_none=True),
+        # no public getter: what multiprocessing.set_forkserver_preload last set
+        "forkserver_preload": list(multiprocessing.forkserver._forkserver._preload_modules),
+    }
+
+
+def _user_sigchld(signum, frame):  # a handler of the user's own
+    pass
+
+
+@pytest.fixture(params=["defaults", "user_settings"])
+def user_process(request):
+    """The process as the user left it: Python's defaults, or their own handler and settings."""
+    saved_sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    saved_faulthandler = faulthandler.is_enabled()
+    if request.param == "defaults":
+        faulthandler.disable()
+    else:
+        signal.signal(signal.SIGCHLD, _user_sigchld)
+        faulthandler.enable(file=sys.__stderr__)
+    yield request.param
+    signal.signal(signal.SIGCHLD, saved_sigchld)
+    if saved_faulthandler:  # pytest's own, on its stderr
+        faulthandler.enable(file=sys.__stderr__)
+    else:
+        faulthandler.disable()
+
+
+def test_a_loader_leaves_signals_faulthandler_and_multiprocessing_as_they_were(
+    small_dir, small_expected, user_process
+):
+    ds = TsFileIterableDataset(small_dir, batch_size=500, return_timestamps=True)
+    before = _process_state()
+    loader = make_loader(ds, num_workers=2)
+    during = None
+    values, times = [], []
+    for v, t in loader:  # to the end
+        during = during or signal.getsignal(signal.SIGCHLD)
+        values.append(v)
+        times.append(t)
+    assert during is not before["sigchld"]  # the worker-report wrapper was in place
+    order = torch.cat(times).numpy()
+    assert sorted(order) == list(range(5000))
+    np.testing.assert_array_equal(
+        torch.cat(values).numpy(), small_expected[order].astype(np.float32)
+    )
+    assert _process_state() == before
+
+    broken = make_loader(ds, num_workers=2)
+    for i, _ in enumerate(broken):  # broken out of, then dropped
+        if i == 2:
+            break
+    del broken, _
+    gc.collect()
+    assert _process_state() == before
+
+
+class _CrashesInNativeRead(TsFileIterableDataset):
+    """In DataLoader workers, the native read of rows [2500, 5000) dies of SIGSEGV."""
+
+    @property
+    def reader(self):
+        reader = TsFileIterableDataset.reader.fget(self)
+        if tud.get_worker_info() is not None and "_decode_native" not in reader.__dict__:
+            decode = reader._decode_native
+
+            def crash_at_2500(plan):
+                if plan.start == 2500:
+                    ctypes.string_at(0)  # a real segmentation fault, in native code
+                return decode(plan)
+
+            reader._decode_native = crash_at_2500
+        return reader
+
+
+def test_a_worker_killed_in_native_code_is_a_worker_error_with_its_report_not_terminal_noise(
+    small_dir, capfd
+):
+    before = signal.getsignal(signal.SIGCHLD)
+    ds = _CrashesInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    loader = make_loader(ds, num_workers=2)
+    with pytest.raises(WorkerError) as info:
+        list(loader)
+    message = str(info.value)
+    assert "killed by signal" in message or "exited unexpectedly" in message
+    read = "part00\\d.tsfile: reading device t.d\\d, rows [2500, 5000) via auto"
+    assert _matches(rf"worker pid \d+ was reading \S*{read}", message), message
+    # the worker's fatal-signal report, from its file: the named frame of the native read
+    assert "fatal-signal report ---" in message
+    assert _matches(rf'File "<tsfile-torch was reading \S*{read}>"', message), message
+    del loader, info
+    gc.collect()
+    out, err = capfd.readouterr()
+    assert "Fatal Python error" not in out + err
+    assert signal.getsignal(signal.SIGCHLD) == before
+
+
+def _matches(pattern: str, text: str) -> bool:
+    import re
+
+    return re.search(pattern.replace("[2500, 5000)", r"\[2500, 5000\)"), text) is not None
+
+
+def test_effects_switch_by_name_and_unknown_names_are_value_errors(small_dir):
+    process = tsfile_torch.process
+    assert process.EFFECTS == (
+        "fork_fix",
+        "malloc",
+        "worker_reports",
+        "crash_report",
+        "parent_guard",
+    )
+    for call in (process.disable, process.enable, process.enabled):
+        with pytest.raises(ValueError, match=r"unknown process effects \['nope'\]; they are "):
+            call("nope")
+    with pytest.raises(ValueError, match=r"\['nope'\]"):
+        process.disable("crash_report", "nope")
+    assert process.enabled("crash_report")  # nothing switched by a call that failed
+    process.disable("crash_report")
+    try:
+        assert not process.enabled("crash_report")
+        ds = _CrashesInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+        with pytest.raises(WorkerError) as info:
+            list(make_loader(ds, num_workers=2))
+        assert "rows [2500, 5000)" in str(info.value)  # still named
+        assert "fatal-signal report" not in str(info.value)  # but no report was written
+    finally:
+        process.enable("crash_report")
+    assert process.enabled("crash_report")
+
+
+def test_a_build_in_a_thread_beside_another_thread_validates_without_forking(tmp_path):
+    synthetic.write_table_files(tmp_path / "src", synthetic.DatasetSpec(1, 1, 4, 30000))
+    data = bytearray(next((tmp_path / "src").glob("*.tsfile")).read_bytes())
+    (tmp_path / "data").mkdir()
+    good = tmp_path / "data" / "a-good.tsfile"
+    good.write_bytes(bytes(data))
+    data[len(data) - 8] ^= 0xFF  # the metadata-size field: SIGSEGV in tsfile's reader at open
+    bad = tmp_path / "data" / "b-bad.tsfile"
+    bad.write_bytes(bytes(data))
+
+    forks = []
+    os.register_at_fork(after_in_parent=lambda: forks.append(threading.get_ident()))
+    pid = os.fork()  # the counter counts
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert len(forks) == 1
+    forks.clear()
+
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)  # another Python thread runs meanwhile
+    results: dict = {}
+
+    def build() -> None:
+        try:
+            TsFileIterableDataset(tmp_path / "data", validate=True)
+        except TsFileFormatError as err:
+            results["error"] = str(err)
+        ds = TsFileDataset(good, batch_size=30000, validate=True, dtype="float64")
+        results["values"] = ds[0].numpy()
+
+    other.start()
+    try:
+        builder = threading.Thread(target=build)
+        builder.start()
+        builder.join()
+    finally:
+        stop.set()
+        other.join()
+    assert forks == []  # validated in a fresh interpreter
+    # the crash stayed in the child, and the file is named
+    assert results["error"].startswith(f"{bad}: tsfile's native reader crashed on this file")
+    assert "(signal SIGSEGV)" in results["error"] and str(good) not in results["error"]
+    want = np.stack([synthetic.value_of(0, c, np.arange(30000)) for c in range(4)], axis=1)
+    np.testing.assert_array_equal(results["values"], want)
