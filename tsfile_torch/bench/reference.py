@@ -185,7 +185,8 @@ class _ArrayBatches(tud.IterableDataset):
         starts = self.rand_starts if self._random.value else self.seq_starts
         if info is not None and info.num_workers > 1:  # the datasets' own worker sharding
             batches = [starts[i : i + 1] for i in range(len(starts))]
-            starts = starts[orders.worker_batches(batches, info.id, info.num_workers)]
+            order = "random" if self._random.value else "sequential"
+            starts = starts[orders.worker_batches(batches, info.id, info.num_workers, order)]
         for s in starts:
             yield torch.from_numpy(self.array[s : s + self.batch_size].copy())
 

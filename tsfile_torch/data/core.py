@@ -41,6 +41,7 @@ from tsfile_torch.catalog.build import (
     read_metadata,
 )
 from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
+from tsfile_torch.integrity.checks import CellSums
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.validate import check_sources
 from tsfile_torch.native.backend import check_backend
@@ -164,6 +165,8 @@ class DatasetCore:
         """Keep the catalog and tables, resolve ``normalize=``, check the set-up."""
         self.catalog = catalog
         self.tables = tables
+        #: sums of decoded cells, shared with workers (Note: cell sums)
+        self._cells = CellSums(catalog) if self.options.check_statistics else None
         _warn_inexact_integers(catalog, self.options.dtype)
         #: Applied to every value read (``normalize=``); hand it to a validation dataset.
         self.normalizer: Normalizer | None = make_normalizer(
@@ -202,6 +205,7 @@ class DatasetCore:
             max_open_files=o.max_open_files,
             index_dir=o.index_dir,
             check_statistics=o.check_statistics,
+            cell_sums=self._cells if catalog is None else None,
         )
         settings.update(overrides)
         return BatchReader(catalog or self.catalog, **settings)
@@ -210,7 +214,10 @@ class DatasetCore:
     def reader(self) -> BatchReader:
         """This process's reader, opened on first use and kept until :meth:`close`."""
         if self._reader is None or self._reader.pid != os.getpid():
-            self._reader = self._new_reader(**self._reader_overrides())
+            overrides = self._reader_overrides()
+            if getattr(self, "normalizer", None) is not None:  # see _finalize
+                overrides["dtype"] = np.float64
+            self._reader = self._new_reader(**overrides)
             self._store = None
             info = tud.get_worker_info()
             if info is not None and self._slots is not None:  # Note: worker reports
@@ -264,10 +271,15 @@ class DatasetCore:
         return values, times
 
     def _finalize(self, table: int, values: np.ndarray) -> np.ndarray:
-        """Return read values normalized (``normalize=``)."""
-        if self.normalizer is not None:
-            values = self.normalizer(values, self._table_names(table))
-        return values
+        """Return read values normalized (``normalize=``) in the output dtype.
+
+        With a normalizer the reader decodes float64 and the values are rounded once, after
+        normalizing (as a float64 pipeline would give them).
+        """
+        if self.normalizer is None:
+            return values
+        values = self.normalizer(values, self._table_names(table))
+        return values.astype(_NUMPY_DTYPE.get(self.options.dtype, np.float32), copy=False)
 
     def _table_names(self, table: int) -> list[str]:
         raise NotImplementedError
@@ -299,7 +311,10 @@ class DatasetCore:
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
-            out["_slots"] = None  # a plain pickle (a checkpoint) takes no shared memory
+            # a plain pickle (a checkpoint) takes no shared memory
+            out["_slots"] = None
+            if self._cells is not None and self._cells.shared:
+                out["_cells"] = None
         return out
 
     # -- public surface ---------------------------------------------------------------------
@@ -346,6 +361,11 @@ class DatasetCore:
         return self.epochs.latest
 
     # -- the order ---------------------------------------------------------------------------
+    @property
+    def spec(self) -> OrderSpec:
+        """The order in force."""
+        return self.order_spec
+
     def _layout(self) -> tuple[np.ndarray, int]:
         """Return (block starts of the items, items per batch)."""
         raise NotImplementedError
@@ -354,7 +374,7 @@ class DatasetCore:
         """What the delivered order depends on besides the epoch (checked on resume)."""
         starts, per_batch = self._layout()
         return {
-            state.ORDER: self.order_spec.identity,
+            state.ORDER: self.spec.identity,
             state.RANK: self.rank,
             state.WORLD_SIZE: self.world_size,
             state.LAYOUT: [int(starts[-1]), len(starts) - 1, batch_size or per_batch],
@@ -364,13 +384,13 @@ class DatasetCore:
         """Return this rank's batches of ``epoch`` (arrays of items), before the worker split."""
         starts, per_batch = self._layout()
         return orders.plan_epoch(
-            self.order_spec, starts, epoch, self.rank, self.world_size, batch_size or per_batch
+            self.spec, starts, epoch, self.rank, self.world_size, batch_size or per_batch
         )
 
     def _check_sharding(self, batch_size: int | None = None) -> None:
         starts, _ = self._layout()
-        count = self.order_spec.num_samples or int(starts[-1])
-        orders.check_sharding(count, self.world_size, self.order_spec.drop_last)
+        count = self.spec.num_samples or int(starts[-1])
+        orders.check_sharding(count, self.world_size, self.spec.drop_last)
         if not self.epoch_batches(0, batch_size):
             warnings.warn(
                 f"the {self.kind} yields no batches on rank {self.rank}: drop_last=True and "
@@ -400,7 +420,8 @@ class DatasetCore:
         else:
             epoch, position = self.epochs.claim(tag, leader=worker == 0), 0
         batches = self.epoch_batches(epoch)
-        mine = [batches[i] for i in orders.worker_batches(batches, worker, num_workers)]
+        split = orders.worker_batches(batches, worker, num_workers, self.spec.order)
+        mine = [batches[i] for i in split]
         cursor = state.Cursor(epoch, mine, position)
         self._latest = (cursor, worker, num_workers)
         return self._latest
@@ -514,7 +535,8 @@ class EpochSampler(tud.Sampler):
     def batches(self, epoch: int) -> list[np.ndarray]:
         """Return this rank's batches of ``epoch`` (item arrays) in delivered order."""
         batches = self.dataset.epoch_batches(epoch, self.batch_size)
-        return [batches[i] for i in orders.delivered_order(batches, self.num_workers)]
+        order = orders.delivered_order(batches, self.num_workers, self.dataset.spec.order)
+        return [batches[i] for i in order]
 
     def identity(self) -> dict[str, Any]:
         return {**self.dataset._identity(self.batch_size), state.NUM_WORKERS: self.num_workers}
@@ -526,6 +548,9 @@ class EpochSampler(tud.Sampler):
         return len(self.dataset.epoch_batches(self.dataset.epoch or 0, self.batch_size))
 
     def __iter__(self) -> Iterator:
+        loaded = self._latest
+        if loaded is not None and loaded.cursor is None and loaded._pending is not None:
+            return loaded  # a loaded state not yet begun: this pass resumes it
         self._latest = _SamplerPass(self)
         return self._latest
 

@@ -95,7 +95,7 @@ class _Rows(DatasetCore):
         return self.tables[0].alignment
 
     @property
-    def order(self) -> OrderSpec:
+    def spec(self) -> OrderSpec:
         """The order in force (``set_random_batches`` may have switched it)."""
         count = self._random.value
         base = self.order_spec
@@ -109,7 +109,7 @@ class _Rows(DatasetCore):
     @property
     def random_batches(self) -> int | None:
         """Random windows per epoch now in force (``None``: full passes over the rows)."""
-        return self.order.num_samples
+        return self.spec.num_samples
 
     def set_random_batches(self, count: int | None) -> None:
         """Switch later epochs to ``count`` random windows, or back to full passes with ``None``.
@@ -121,7 +121,7 @@ class _Rows(DatasetCore):
         self._random.value = 0 if count is None else count
 
     def _layout(self) -> tuple[np.ndarray, int]:
-        n, bs, spec = self.num_rows, self.batch_size, self.order
+        n, bs, spec = self.num_rows, self.batch_size, self.spec
         if spec.order == "shuffle":
             return np.r_[np.arange(0, n, self.block_rows), n].astype(np.int64), bs
         if spec.order == "random":
@@ -132,11 +132,11 @@ class _Rows(DatasetCore):
 
     def epoch_batches(self, epoch: int, batch_size: int | None = None) -> list[np.ndarray]:
         starts, per_batch = self._layout()
-        return orders.plan_epoch(self.order, starts, epoch, self.rank, self.world_size, per_batch)
+        return orders.plan_epoch(self.spec, starts, epoch, self.rank, self.world_size, per_batch)
 
     def _identity(self, batch_size: int | None = None) -> dict[str, Any]:
         out = super()._identity(batch_size)
-        out["order"] = self.order.identity
+        out["order"] = self.spec.identity
         out["layout"] = [*out["layout"], self.num_rows, self.batch_size]
         return out
 
@@ -145,12 +145,12 @@ class _Rows(DatasetCore):
 
     def _row_span(self, items: np.ndarray) -> tuple[int, int]:
         """Return the rows ``[start, stop)`` one item of a batch order covers."""
-        start = int(items[0]) if self.order.order == "random" else int(items[0]) * self.batch_size
+        start = int(items[0]) if self.spec.order == "random" else int(items[0]) * self.batch_size
         return start, min(start + self.batch_size, self.num_rows)
 
     def _read_items(self, items: np.ndarray):
         """Return the batch of ``items`` as handed out: a tensor, with timestamps if asked."""
-        if self.order.order != "shuffle":
+        if self.spec.order != "shuffle":
             return self._read_span(*self._row_span(items))
         rows = np.sort(items)
         store = self._memory()
@@ -164,7 +164,7 @@ class _Rows(DatasetCore):
 
     def _read_span(self, start: int, stop: int):
         """Return rows ``[start, stop)`` as a batch."""
-        return self._as_batch(*self._rows(0, start, stop, self.order.order == "random"))
+        return self._as_batch(*self._rows(0, start, stop, self.spec.order == "random"))
 
     def _as_batch(self, values: np.ndarray, times: np.ndarray):
         tensor = torch.from_numpy(values)
@@ -182,7 +182,7 @@ class _Rows(DatasetCore):
         """Whether a full epoch hands out every row exactly once, as metadata sums describe."""
         return (
             self.options.check_statistics
-            and self.order.order != "random"
+            and self.spec.order != "random"
             and self.world_size == 1
             and self.tables[0].alignment is None
             and self.normalizer is None
@@ -233,7 +233,7 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
 
     def _generate(self, cursor, num_workers: int) -> Iterator:
         reader = self._start_epoch(cursor.epoch)
-        if num_workers > 1 and self.order.order in ("sequential", "batches") and len(cursor):
+        if num_workers > 1 and self.spec.order in ("sequential", "batches") and len(cursor):
             # decode only this worker's rows: blocks are clipped to its stretch
             spans = [self._row_span(b) for b in cursor.batches]
             reader.set_range(min(s for s, _ in spans), max(e for _, e in spans))
@@ -243,7 +243,8 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
     def items_for(self, epoch: int, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
         """Return the batches (item arrays) one worker of this rank yields in ``epoch``."""
         batches = self.epoch_batches(epoch)
-        return [batches[i] for i in orders.worker_batches(batches, worker, num_workers)]
+        split = orders.worker_batches(batches, worker, num_workers, self.spec.order)
+        return [batches[i] for i in split]
 
 
 class TsFileDataset(_Rows, tud.Dataset):
@@ -278,8 +279,6 @@ class TsFileDataset(_Rows, tud.Dataset):
         self._start_epoch(epoch)
         if self.random_batches is not None:
             starts, _ = self._layout()
-            return self._read_items(
-                orders.epoch_items(self.order, starts, epoch)[index : index + 1]
-            )
+            return self._read_items(orders.epoch_items(self.spec, starts, epoch)[index : index + 1])
         start = index * self.batch_size
         return self._read_span(start, min(start + self.batch_size, self.num_rows))

@@ -36,29 +36,82 @@ nulls).
 from __future__ import annotations
 
 import threading
+from multiprocessing import sharedctypes
 
 import numpy as np
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
 from tsfile_torch.errors import TsFileFormatError
 
-__all__ = ["StatisticsCheck", "EpochSums"]
+__all__ = ["CELL_ROWS", "CellSums", "EpochSums", "StatisticsCheck"]
+
+
+#: Rows per cell of :class:`CellSums` (the timeline index's stride).
+CELL_ROWS = 1024
+#: Cells x columns beyond which sums are kept per process only (8 bytes each: 64 MiB).
+MAX_SHARED_CELLS = 8 << 20
+
+
+class CellSums:
+    """Note: cell sums. Column sums of every read group in cells of :data:`CELL_ROWS` rows,
+    in shared memory (the dataset creates it before workers start; pickled into them while
+    they are started), so that each row is counted once across all processes of a loader.
+
+    Any process that decodes rows adds the sums of the cells its rows cover completely (a
+    group's last cell may be short); once every cell of a group is in, that process checks the
+    group's sum against the metadata. So a full pass is checked however its rows were dealt
+    out: overlapping window blocks, shuffled or random reads, any number of workers.
+    """
+
+    def __init__(self, catalog: Catalog):
+        self.groups = [
+            gi
+            for gi, g in enumerate(catalog.groups)
+            if any(s.sum is not None for s in g.shards)
+        ]
+        cells = {gi: -(-catalog.groups[gi].num_rows // CELL_ROWS) for gi in self.groups}
+        widths = {gi: len(catalog.groups[gi].columns) for gi in self.groups}
+        self.cell_start, self.sum_start = {}, {}
+        n_cells = n_sums = 0
+        for gi in self.groups:
+            self.cell_start[gi], self.sum_start[gi] = n_cells, n_sums
+            n_cells += cells[gi]
+            n_sums += cells[gi] * widths[gi]
+        self.shared = n_sums <= MAX_SHARED_CELLS
+        make = sharedctypes.RawArray if self.shared else lambda kind, n: np.zeros(n, kind)
+        self._done = make("b", max(n_cells, 1))
+        self._sums = make("d", max(n_sums, 1))
+        self._checked = make("b", max(len(catalog.groups), 1))
+
+    def __getstate__(self):
+        from multiprocessing import context
+
+        if self.shared and context.get_spawning_popen() is None:
+            raise TypeError("CellSums are shared with workers only while they are started")
+        return self.__dict__
+
+    def arrays(self):
+        """Return numpy views of (done flags, sums, checked flags)."""
+        return (
+            np.frombuffer(self._done, dtype=np.int8),
+            np.frombuffer(self._sums, dtype=np.float64),
+            np.frombuffer(self._checked, dtype=np.int8),
+        )
 
 
 class StatisticsCheck:
     """Cross-check decoded blocks of one catalog against the statistics in its metadata.
 
-    One per reading process (it remembers per-series sums until a series is complete).
+    One per reading process; the sums go to a :class:`CellSums` table shared by the processes
+    of a loader (or a table of its own).
     """
 
-    def __init__(self, catalog: Catalog, dtype: np.dtype):
+    def __init__(self, catalog: Catalog, dtype: np.dtype, cells: CellSums | None = None):
         self.catalog = catalog
         self.dtype = np.dtype(dtype)
-        # group -> rows counted so far: (local start, stop, float64 sums, abs sums per column)
-        self._sums: dict[int, list[tuple[int, int, np.ndarray, np.ndarray]]] = {}
-        self._summed: set[int] = set()
+        self.cells = cells if cells is not None else CellSums(catalog)
         self._lock = threading.Lock()
-        #: groups whose sum was verified over a whole pass (a test reads it)
+        #: groups whose sum this process verified (a test reads it)
         self.verified_sums: set[int] = set()
 
     def _fail(self, group: ReadGroup, shard_pos: int | None, start: int, stop: int, what: str):
@@ -157,52 +210,56 @@ class StatisticsCheck:
                         stop,
                         f"last value {float(values[k, -1])!r}, metadata says {shard.last!r}",
                     )
-        if group_index not in self._summed and any(s.sum is not None for s in group.shards):
-            bound = np.fmax(np.abs(low), np.abs(high)).astype(np.float64) * n
-            self._add_sum(group_index, group, start, stop, values, bound)
+        if group_index in self.cells.cell_start:
+            self._add_cells(group_index, group, start, values)
 
-    def _add_sum(self, *args) -> None:
-        with self._lock:  # decode threads may finish blocks of one group at once
-            self._add_sum_locked(*args)
-
-    def _add_sum_locked(self, gi, group: ReadGroup, start: int, stop: int, values, bound) -> None:
-        # rows [start, stop) not counted yet: the parts of it no earlier piece covers
-        pieces = self._sums.setdefault(gi, [])  # (start, stop, sums, abs sums), by start
-        fresh, pos = [], start
-        for a, b, _, _ in pieces:
-            if b <= pos:
-                continue
-            if a >= stop:
-                break
-            if a > pos:
-                fresh.append((pos, a))
-            pos = b
-            if pos >= stop:
-                break
-        if pos < stop:
-            fresh.append((pos, stop))
-        per_row = np.nan_to_num(bound) / max(stop - start, 1)  # bound of |value| per row
-        for a, b in fresh:
-            part = values[:, a - start : b - start]
-            sums = part.sum(axis=1, dtype=np.float64)
-            for k in np.flatnonzero(np.isnan(sums)):
-                sums[k] = np.nansum(part[k], dtype=np.float64)
-            pieces.append((a, b, sums, per_row * (b - a)))
-        pieces.sort(key=lambda piece: piece[0])
-        if sum(b - a for a, b, _, _ in pieces) != group.num_rows:
+    def _add_cells(self, gi: int, group: ReadGroup, start: int, values: np.ndarray) -> None:
+        """Add the cells rows ``[start, start + n)`` cover completely (Note: cell sums)."""
+        done, sums, checked = self.cells.arrays()
+        if checked[gi]:
             return
-        del self._sums[gi]
-        self._summed.add(gi)
-        total = np.sum([s for _, _, s, _ in pieces], axis=0)
-        total_abs = np.sum([a for _, _, _, a in pieces], axis=0)
+        n = values.shape[1]
+        first = -(-start // CELL_ROWS)  # first cell starting inside the rows
+        stop = start + n
+        last = stop // CELL_ROWS if stop < group.num_rows else -(-stop // CELL_ROWS)
+        if last <= first:
+            return
+        k = values.shape[0]
+        base = self.cells.cell_start[gi]
+        a = first * CELL_ROWS - start  # the covered cells' rows, relative to values
+        b = min(last * CELL_ROWS, stop) - start
+        full = (b - a) // CELL_ROWS  # whole cells (all but maybe the group's short last one)
+        part = values[:, a : a + full * CELL_ROWS].reshape(k, full, CELL_ROWS)
+        cell_sums = np.empty((last - first, k))
+        cell_sums[:full] = part.sum(axis=2, dtype=np.float64).T
+        if full < last - first:
+            cell_sums[full] = values[:, a + full * CELL_ROWS : b].sum(axis=1, dtype=np.float64)
+        bad = np.isnan(cell_sums)
+        if bad.any():  # nulls: sum the cells holding them again, skipping NaN
+            for c, j in zip(*np.nonzero(bad), strict=True):
+                lo = a + c * CELL_ROWS
+                row = values[j, lo : min(lo + CELL_ROWS, b)]
+                cell_sums[c, j] = np.nansum(row, dtype=np.float64)
+        s0 = self.cells.sum_start[gi]
+        sums[s0 + first * k : s0 + last * k] = cell_sums.ravel()
+        done[base + first : base + last] = 1
+        cells = -(-group.num_rows // CELL_ROWS)
+        if done[base : base + cells].all():
+            with self._lock:
+                if not checked[gi]:
+                    self._check_group(gi, group, sums[s0 : s0 + cells * k].reshape(cells, k))
+                    checked[gi] = 1
+
+    def _check_group(self, gi: int, group: ReadGroup, cell_sums: np.ndarray) -> None:
+        total = cell_sums.sum(axis=0)
         # tolerance: rounding to the output dtype, plus tsfile's and our float64 summation in
         # different orders (~sqrt(n) roundings, 4x margin): damage smaller than this is missed
         eps = float(np.finfo(self.dtype).eps) if self.dtype.kind == "f" else 0.0
         for k, shard in enumerate(group.shards):
-            if shard.sum is None:
+            if shard.sum is None or shard.min is None or shard.max is None:
                 continue
-            tol = _sum_tolerance(total_abs[k], group.num_rows, eps)
-            if abs(total[k] - shard.sum) > tol:
+            bound = max(abs(shard.min), abs(shard.max)) * group.num_rows
+            if abs(total[k] - shard.sum) > _sum_tolerance(bound, group.num_rows, eps):
                 self._fail(
                     group,
                     k,

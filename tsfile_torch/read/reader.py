@@ -177,6 +177,9 @@ class BatchReader:
         index_dir: directory caching timeline indexes across processes and runs (``None``:
             kept in memory only).
         index_stride: rows between two timeline index entries.
+        check_statistics: check decoded blocks against the metadata statistics.
+        cell_sums: the :class:`~tsfile_torch.integrity.checks.CellSums` table shared by the
+            processes reading the same dataset (``None``: one of its own).
     """
 
     def __init__(
@@ -192,6 +195,7 @@ class BatchReader:
         index_dir: str | None = None,
         index_stride: int = DEFAULT_INDEX_STRIDE,
         check_statistics: bool = True,
+        cell_sums=None,
     ):
         self.catalog = catalog
         self.read_backend = read_backend
@@ -215,7 +219,9 @@ class BatchReader:
         #: Rows decoded by native queries, summed over groups (what caches save).
         self.decoded_rows = 0
         # Note: integrity hooks (tsfile_torch.integrity.checks)
-        self.statistics = StatisticsCheck(catalog, self.dtype) if check_statistics else None
+        self.statistics = (
+            StatisticsCheck(catalog, self.dtype, cell_sums) if check_statistics else None
+        )
         #: called with a description of each native read before it starts, and with None after
         #: it (DataLoader workers record it so the main process can name a crashed read)
         self.on_read = None
@@ -387,7 +393,9 @@ class BatchReader:
                             if k0 == 0:
                                 times[o : o + b - a] = stamps
                             elif not np.array_equal(times[o : o + b - a], stamps):
-                                raise SchemaError(self._misaligned(group, group.start_row + o))
+                                raise SchemaError(
+                                    self._misaligned(group, group.columns[0], group.start_row + o)
+                                )
                             for k in range(1, part.num_columns):
                                 values[k0 + k - 1, o : o + b - a] = _as_float(part.column(k))
                         pos += batch.num_rows
@@ -432,15 +440,18 @@ class BatchReader:
             f"changed file)"
         )
 
-    def _misaligned(self, group: ReadGroup, row: int, ref_time=None, time=None) -> str:
+    def _misaligned(self, group: ReadGroup, ref: int, row: int, ref_time=None, time=None) -> str:
         names = [self.catalog.columns[c].name for c in group.columns]
         where = (
             f"at row {row} (time {ref_time} vs {time})" if time is not None else f"near row {row}"
         )
+        info = self.catalog.files[group.file_index]
         return (
-            f"columns {names} do not share timestamps with column "
-            f"{self.catalog.columns[0].name!r} {where}; select columns with equal "
-            f"timestamps, or pass align='union' / 'intersect' to join them on time"
+            f"{info.name}: columns {names} do not share timestamps with column "
+            f"{self.catalog.columns[ref].name!r} {where}, though their metadata agree on row "
+            f"count and time range: either they sample at different times (pass align='union' "
+            f"/ 'intersect' to join them on time) or a file is damaged (check it with "
+            f"`tsfile-torch verify`)"
         )
 
     # -- blocks -----------------------------------------------------------------------------
@@ -569,7 +580,7 @@ class BatchReader:
                 if gi in view.ref_groups:
                     times[o : o + m] = block.times[a:b]
                 elif not block.verified:
-                    self._check_times(gi, times[o : o + m], block.times[a:b], start_row + o)
+                    self._check_times(view, gi, times[o : o + m], block.times[a:b], start_row + o)
                     self._verify_block(view, gi, block, number)
                 out[o : o + m, target] = block.values[:, a:b].T
         return out, times
@@ -612,15 +623,18 @@ class BatchReader:
                     if gi in view.ref_groups:
                         times[where] = block.times[pick]
                     else:
-                        self._check_times(gi, times[where], block.times[pick], int(rows[where[0]]))
+                        self._check_times(
+                            view, gi, times[where], block.times[pick], int(rows[where[0]])
+                        )
                     out[np.ix_(where, target)] = block.values[:, pick].T
         return out, times
 
-    def _check_times(self, gi: int, ref: np.ndarray, got: np.ndarray, row: int) -> None:
+    def _check_times(self, view, gi: int, ref: np.ndarray, got: np.ndarray, row: int) -> None:
         if not np.array_equal(ref, got):
             bad = int(np.flatnonzero(ref != got)[0])
             group = self.catalog.groups[gi]
-            raise SchemaError(self._misaligned(group, row + bad, ref[bad], got[bad]))
+            message = self._misaligned(group, view.columns[0], row + bad, ref[bad], got[bad])
+            raise SchemaError(message)
 
     def _verify_block(self, view: RowView, gi: int, block: Block, number: int | None) -> None:
         """Mark ``block`` verified if its twin timestamp block is cached and equal."""

@@ -20,13 +20,15 @@ layout alone, computed in four steps written once here and used by every dataset
    few blocks there are.
 3. **Batches** (:func:`cut_batches`): the rank's items cut in order into batches of
    ``batch_size`` items (the last one shorter unless ``drop_last``).
-4. **Workers** (:func:`worker_batches`): the rank's batches sorted by their first item, cut into
-   ``num_workers`` contiguous runs of (nearly) equal count; worker ``w`` yields run ``w`` in the
-   epoch's order. A worker thus reads its own stretch of the data (with ``"sequential"`` the
-   same rows every epoch), and no two workers decode the same pages. The DataLoader hands out
-   the workers' batches round-robin (:func:`interleave`), which is the order a map-style
-   dataset's sampler yields too, so both kinds of dataset deliver the same batches in the same
-   order.
+4. **Workers** (:func:`worker_batches`): the rank's batches cut into ``num_workers`` contiguous
+   runs of (nearly) equal count; worker ``w`` yields run ``w`` in the epoch's order. Runs of the
+   order itself where consecutive batches share blocks (``"sequential"``, ``"shuffle"``: a
+   buffer's batches go to one worker), runs of the batches sorted by their first item where they
+   do not (``"batches"``, ``"random"``). A worker thus reads its own stretch of the data (with
+   ``"sequential"`` the same rows every epoch), and workers rarely decode the same block. The
+   DataLoader hands out the workers' batches round-robin (:func:`interleave`), which is the
+   order a map-style dataset's sampler yields too, so both kinds of dataset deliver the same
+   batches in the same order.
 """
 
 from __future__ import annotations
@@ -195,13 +197,21 @@ def cut_batches(items: np.ndarray, batch_size: int, drop_last: bool) -> list[np.
     return [items[i : min(i + batch_size, stop)] for i in range(0, stop, batch_size)]
 
 
-def worker_batches(batches: Sequence[np.ndarray], worker: int, num_workers: int) -> list[int]:
+#: Orders whose consecutive batches share blocks: workers take runs of the order itself.
+LOCAL_ORDERS = ("sequential", "shuffle")
+
+
+def worker_batches(
+    batches: Sequence[np.ndarray], worker: int, num_workers: int, order: str = "sequential"
+) -> list[int]:
     """Return the indices into ``batches`` that worker ``worker`` of ``num_workers`` yields."""
     if num_workers <= 1:
         return list(range(len(batches)))
+    bounds = np.linspace(0, len(batches), num_workers + 1).round().astype(np.int64)
+    if order in LOCAL_ORDERS:
+        return list(range(bounds[worker], bounds[worker + 1]))
     homes = np.array([int(b.min()) if len(b) else 0 for b in batches], dtype=np.int64)
     by_home = np.argsort(homes, kind="stable")
-    bounds = np.linspace(0, len(batches), num_workers + 1).round().astype(np.int64)
     return sorted(by_home[bounds[worker] : bounds[worker + 1]].tolist())
 
 
@@ -224,6 +234,9 @@ def plan_epoch(
     return cut_batches(items, batch_size, spec.drop_last)
 
 
-def delivered_order(batches: Sequence[np.ndarray], num_workers: int) -> list[int]:
+def delivered_order(
+    batches: Sequence[np.ndarray], num_workers: int, order: str = "sequential"
+) -> list[int]:
     """Return the indices into ``batches`` in the order a loader with ``num_workers`` delivers."""
-    return interleave([worker_batches(batches, w, num_workers) for w in range(max(num_workers, 1))])
+    runs = [worker_batches(batches, w, num_workers, order) for w in range(max(num_workers, 1))]
+    return interleave(runs)
