@@ -46,7 +46,12 @@ import signal
 import threading
 import weakref
 
-from tsfile_torch.integrity.reports import ReadSlots, crash_report_path, explain_worker_failure
+from tsfile_torch.integrity.reports import (
+    ReadSlots,
+    crash_report_path,
+    explain_worker_failure,
+    remove_stale_reports,
+)
 from tsfile_torch.native import forkfix, malloc
 
 __all__ = ["EFFECTS", "TESTED_ON", "LoaderScope", "disable", "enable", "enabled", "start_worker"]
@@ -168,6 +173,7 @@ class LoaderScope:
         _LIVE.discard(self)
         _SCOPES -= 1
         if _SCOPES == 0:
+            remove_stale_reports()
             if signal.getsignal(signal.SIGCHLD) is not _ORIGINAL_SIGCHLD:
                 signal.signal(signal.SIGCHLD, _ORIGINAL_SIGCHLD)
                 from torch.utils.data._utils import signal_handling
@@ -189,6 +195,9 @@ def start_worker(parent_pid: int, started_from_main_thread: bool) -> None:
         path = crash_report_path(os.getpid())
         try:  # a worker's own report, quoted by the main process (Note: fatal-signal report)
             report = open(path, "w")  # noqa: SIM115 - open for the worker's life
+            # off first: a fork inherits "enabled" from a parent that has it on, and enable()
+            # would then only switch files, leaving the DataLoader's own SIGSEGV handler on top
+            faulthandler.disable()
             faulthandler.enable(file=report)
         except (OSError, RuntimeError, ValueError):
             pass

@@ -11,6 +11,7 @@ and rows that were being read, with the worker's fatal-signal report when it lef
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import re
@@ -127,17 +128,52 @@ def explain_worker_failure(
     return WorkerError(f"{message.strip()}: {what}; {hint}{report}")
 
 
+#: reports already read (and their files removed), by worker pid: a death is often explained
+#: twice (torch's SIGCHLD handler, then the iterator's own error)
+_READ: dict[int, str] = {}
+
+
 def crash_reports(pids) -> str:
     """Return the fatal-signal reports the workers ``pids`` left (Note: fatal-signal report)."""
     out = []
     for pid in sorted(pids):
-        path = crash_report_path(pid)
-        try:
-            with open(path, encoding="utf-8", errors="replace") as fh:
-                text = fh.read().strip()
-            os.unlink(path)
-        except OSError:
-            continue
-        if text:
-            out.append(f"\n--- worker pid {pid} fatal-signal report ---\n{text}")
+        if pid not in _READ:
+            path = crash_report_path(pid)
+            try:
+                with open(path, encoding="utf-8", errors="replace") as fh:
+                    text = fh.read().strip()
+            except OSError:
+                continue
+            if not text:  # not (yet) written: the process may still be dying
+                continue
+            _READ[pid] = text
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        out.append(f"\n--- worker pid {pid} fatal-signal report ---\n{_READ[pid]}")
     return "".join(out)
+
+
+def remove_stale_reports() -> None:
+    """Delete the empty report files of workers that have ended (their own cleanup skipped)."""
+    prefix = os.path.basename(crash_report_path(0)).rsplit("-", 1)[0] + "-"
+    directory = os.path.dirname(crash_report_path(0))
+    with contextlib.suppress(OSError), os.scandir(directory) as entries:
+        for entry in entries:
+            if not (entry.name.startswith(prefix) and entry.name.endswith(".txt")):
+                continue
+            try:
+                pid = int(entry.name[len(prefix) : -4])
+                if entry.stat().st_size == 0 and not _alive(pid):
+                    os.unlink(entry.path)
+            except (ValueError, OSError):
+                continue
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

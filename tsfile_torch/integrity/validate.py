@@ -73,11 +73,17 @@ def _check_headers(source: Source) -> None:
     """Open, read metadata, decode the first row of every series (may crash: child only)."""
     from tsfile_torch.catalog.build import build_catalog
     from tsfile_torch.native.backend import open_reader
-    from tsfile_torch.native.queries import prepare_handles
 
     catalog = build_catalog([source], shared_timeline=False)
     info = catalog.files[0]
-    reader, _ = open_reader(source, "pread", check_mapped=False)
+    with source.metadata_target() as target:  # a URL: range reads, no download
+        reader, _ = open_reader(target, "pread", check_mapped=False, name=source.name)
+        _check_first_rows(reader, catalog, info)
+
+
+def _check_first_rows(reader, catalog, info) -> None:
+    from tsfile_torch.native.queries import prepare_handles
+
     try:
         for group in catalog.groups:
             handles = prepare_handles(reader, 0, info.nbytes, info.name, group.shards)

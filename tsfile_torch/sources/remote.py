@@ -40,6 +40,7 @@ once each reserve their size first, so the bound holds for finished and in-fligh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import fnmatch
 import glob as _glob
@@ -55,7 +56,7 @@ from urllib.parse import unquote, urlparse
 
 from tsfile_torch.errors import RemoteError
 from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
-from tsfile_torch.sources.base import Source, register
+from tsfile_torch.sources.base import FileObject, Source, register
 
 __all__ = [
     "DEFAULT_CACHE_LIMIT",
@@ -173,6 +174,15 @@ class RemoteFile(Source):
 
     def index_key(self) -> str:
         return repr((self.url, self.version, self.nbytes))
+
+    @contextlib.contextmanager
+    def for_child(self) -> Iterator[Source]:
+        """A ``memory://`` object lives in this process only: a fresh interpreter gets a copy."""
+        if self.protocol != "memory":
+            yield self
+            return
+        with open_metadata(self) as fh, FileObject(fh).for_child() as copy:
+            yield dataclasses.replace(copy, shown=self.url)
 
     @property
     def cache_path(self) -> str:
