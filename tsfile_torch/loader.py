@@ -292,6 +292,56 @@ def saved_num_workers(state: dict) -> int:
     return int(snapshot["_main_snapshot"]["_num_workers"])
 
 
+def _handover(loader, saved: dict) -> tuple[int, tuple] | None:
+    """Return (epoch, history) to resume ``saved`` elsewhere, or None to load it as it is.
+
+    Reads torchdata 0.11's state layout: the loader's delivered count (``_num_yielded``, or
+    the snapshot step plus the steps since), the dataset's or sampler's pass points.
+    """
+    from tsfile_torch.sampling.state import check_state
+
+    ds = loader.dataset
+    snapshot = saved.get("_snapshot")
+    main = snapshot["_main_snapshot"] if snapshot else saved
+    if isinstance(ds, TsFileIterableDataset):
+        owner, identity = type(ds).__name__, ds._identity()
+        states = (
+            [w["dataset_state"] for w in snapshot["_worker_snapshots"].values()]
+            if snapshot
+            else [saved.get("dataset_state")]
+        )
+    else:
+        sampler = (
+            loader.batch_sampler
+            if isinstance(loader.batch_sampler, EpochSampler)
+            else (loader.sampler)
+        )
+        if not isinstance(sampler, EpochSampler):
+            return None
+        owner, identity = "EpochSampler", sampler.identity()
+        states = [main.get("_sampler_iter_state") or main.get("_index_sampler_state")]
+    points = [check_state(s, identity, owner) for s in states if s is not None]
+    points = [p for p in points if p.epoch is not None]
+    if not points:
+        return None
+    point = max(points, key=lambda p: p.epoch)
+    workers = saved_num_workers(saved)
+    if (max(workers, 1), point.rank, point.world_size) == (
+        max(loader.num_workers, 1),
+        ds.rank,
+        ds.world_size,
+    ):
+        return None  # the same topology: torchdata resumes each worker exactly
+    if saved.get("_iterator_finished"):
+        return point.epoch + 1, ()
+    if snapshot:
+        delivered = snapshot["_snapshot_step"] + saved.get("_steps_since_snapshot", 0)
+    else:
+        delivered = saved["_num_yielded"]
+    segment = point._replace(num_workers=max(workers, 1)).handed_over(delivered)
+    return point.epoch, segment
+
+
 @functools.cache
 def _stateful_loader_class():
     try:
@@ -303,10 +353,14 @@ def _stateful_loader_class():
         ) from err
 
     class TsFileStatefulLoader(_Guarded, StatefulDataLoader):
-        """StatefulDataLoader that refuses, with a clear error, a state of another worker count.
+        """StatefulDataLoader that resumes under another number of workers or ranks.
 
-        Worker failures are named as in :class:`TsFileDataLoader`; epoch sums are not checked
-        (a resumed epoch hands out only part of the rows).
+        A state of the same topology (``num_workers``, rank, world size) loads through
+        torchdata as it is (each worker resumes its own share). Under another topology the
+        rest of the saved epoch is handed to the dataset or sampler (Note: elastic resume in
+        :mod:`tsfile_torch.sampling.orders`) and the loader starts afresh. Worker failures are
+        named as in :class:`TsFileDataLoader`; epoch sums are not checked (a resumed epoch
+        hands out only part of the rows).
         """
 
         _running = None
@@ -315,14 +369,21 @@ def _stateful_loader_class():
             return None
 
         def load_state_dict(self, state_dict: dict) -> None:
-            if state_dict:
-                saved = saved_num_workers(state_dict)
-                if saved != self.num_workers:
-                    raise ValueError(
-                        f"this loader state was saved with num_workers={saved} and is loaded "
-                        f"into a loader with num_workers={self.num_workers}: each worker "
-                        f"resumes its own part of the epoch, so resume with num_workers={saved}"
-                    )
-            super().load_state_dict(state_dict)
+            handover = _handover(self, state_dict) if state_dict else None
+            if handover is None:
+                super().load_state_dict(state_dict)
+                return
+            epoch, history = handover
+            target = (
+                self.dataset
+                if isinstance(self.dataset, TsFileIterableDataset)
+                else (
+                    self.batch_sampler
+                    if isinstance(self.batch_sampler, EpochSampler)
+                    else self.sampler
+                )
+            )
+            target.resume_elsewhere(epoch, history)
+            super().load_state_dict({})
 
     return TsFileStatefulLoader

@@ -375,16 +375,19 @@ class DatasetCore:
         starts, per_batch = self._layout()
         return {
             state.ORDER: self.spec.identity,
-            state.RANK: self.rank,
-            state.WORLD_SIZE: self.world_size,
             state.LAYOUT: [int(starts[-1]), len(starts) - 1, batch_size or per_batch],
         }
 
-    def epoch_batches(self, epoch: int, batch_size: int | None = None) -> list[np.ndarray]:
-        """Return this rank's batches of ``epoch`` (arrays of items), before the worker split."""
+    def epoch_batches(
+        self, epoch: int, batch_size: int | None = None, history: tuple = ()
+    ) -> list[np.ndarray]:
+        """Return this rank's batches of ``epoch`` (arrays of items), before the worker split.
+
+        ``history``: what earlier topologies delivered of this epoch (Note: elastic resume).
+        """
         starts, per_batch = self._layout()
         return orders.plan_epoch(
-            self.spec, starts, epoch, self.rank, self.world_size, batch_size or per_batch
+            self.spec, starts, epoch, self.rank, self.world_size, batch_size or per_batch, history
         )
 
     def _check_sharding(self, batch_size: int | None = None) -> None:
@@ -405,26 +408,46 @@ class DatasetCore:
         worker, num_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         self._passes += 1
         tag = 0 if info is None else state.pass_tag(info.seed - info.id, self._passes)
+        history: tuple = ()
         if self._resume is not None:
             saved, self._resume = self._resume, None
-            if (saved[state.WORKER], saved[state.NUM_WORKERS]) != (worker, num_workers):
-                raise ValueError(
-                    f"this state_dict was saved by worker {saved[state.WORKER]} of "
-                    f"{saved[state.NUM_WORKERS]} (1: the main process) and is resumed by worker "
-                    f"{worker} of {num_workers}: resume with the same num_workers (each "
-                    f"worker's share of the epoch depends on it)"
-                )
-            epoch, position = saved[state.EPOCH], saved[state.POSITION]
+            epoch, position, history = self._resumed(saved, worker, num_workers)
             if worker == 0:
                 self.epochs.record(epoch, tag)
         else:
             epoch, position = self.epochs.claim(tag, leader=worker == 0), 0
-        batches = self.epoch_batches(epoch)
+        batches = self.epoch_batches(epoch, history=history)
         split = orders.worker_batches(batches, worker, num_workers, self.spec.order)
-        mine = [batches[i] for i in split]
-        cursor = state.Cursor(epoch, mine, position)
+        cursor = state.Cursor(epoch, [batches[i] for i in split], position, history)
         self._latest = (cursor, worker, num_workers)
         return self._latest
+
+    def _resumed(self, saved: state.PassPoint, worker: int, num_workers: int):
+        """Return (epoch, position, history) a pass of ``worker`` of ``num_workers`` resumes.
+
+        The same topology resumes exactly; a main-process state (or the loader's, see
+        :meth:`resume_elsewhere`) under another one resumes the rest of the epoch (Note:
+        elastic resume); a single worker's state under another topology cannot (it does not
+        know what the other workers delivered).
+        """
+        here = (worker, num_workers, self.rank, self.world_size)
+        if saved.worker < 0:  # handed over by the loader: the rest of the epoch, from its start
+            return saved.epoch, 0, saved.history
+        if (saved.worker, saved.num_workers, saved.rank, saved.world_size) == here:
+            return saved.epoch, saved.position, saved.history
+        if saved.num_workers == 1:
+            return saved.epoch, 0, saved.handed_over()
+        raise ValueError(
+            f"this state_dict was saved by worker {saved.worker} of {saved.num_workers} of rank "
+            f"{saved.rank} of {saved.world_size} and is resumed by worker {worker} of "
+            f"{num_workers} of rank {self.rank} of {self.world_size}: one worker's state does "
+            f"not say what the other workers delivered; load the loader's state_dict (it holds "
+            f"every worker's), which resumes under any number of workers and ranks"
+        )
+
+    def resume_elsewhere(self, epoch: int, history: tuple) -> None:
+        """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
+        self._resume = state.PassPoint(epoch, 0, -1, -1, self.rank, self.world_size, tuple(history))
 
     def state_dict(self) -> dict[str, Any]:
         """Return where this process's latest pass stands (see Note: resume).
@@ -433,26 +456,35 @@ class DatasetCore:
         returned as loaded.
         """
         if self._resume is not None:
-            return dict(self._resume)
-        cursor, worker, num_workers = self._latest or (None, 0, 1)
-        return state.pass_state(
-            cursor.epoch if cursor else None,
-            cursor.position if cursor else 0,
-            worker,
-            num_workers,
-            self._identity(),
-        )
+            point = self._resume
+        elif self._latest is None:
+            point = state.PassPoint(None, 0, 0, 1, self.rank, self.world_size)
+        else:
+            cursor, worker, num_workers = self._latest
+            point = state.PassPoint(
+                cursor.epoch,
+                cursor.position,
+                worker,
+                num_workers,
+                self.rank,
+                self.world_size,
+                cursor.history,
+            )
+        return state.pass_state(point, self._identity())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Make the next pass resume where ``saved`` stood; later passes count on from it.
 
+        A state of the main process resumes under any number of workers and ranks (the rest of
+        its epoch, Note: elastic resume); a DataLoader worker's state only under the same
+        topology (a loader's state_dict holds every worker's and resumes anywhere).
+
         Raises:
-            ValueError: ``saved`` comes from a dataset with another order, seed, rank, world
-                size, batch size or data (the number of workers is checked when the pass
-                begins).
+            ValueError: ``saved`` comes from a dataset with another order, seed, batch size or
+                data.
         """
-        epoch, _ = state.check_state(saved, self._identity(), type(self).__name__)
-        self._resume = dict(saved) if epoch is not None else None
+        point = state.check_state(saved, self._identity(), type(self).__name__)
+        self._resume = point if point.epoch is not None else None
 
     def __repr__(self) -> str:
         o = self.options
@@ -532,14 +564,21 @@ class EpochSampler(tud.Sampler):
         self.num_workers = check_int("num_workers", num_workers, 0, 1024)
         self._latest: _SamplerPass | None = None
 
-    def batches(self, epoch: int) -> list[np.ndarray]:
+    def batches(self, epoch: int, history: tuple = ()) -> list[np.ndarray]:
         """Return this rank's batches of ``epoch`` (item arrays) in delivered order."""
-        batches = self.dataset.epoch_batches(epoch, self.batch_size)
+        batches = self.dataset.epoch_batches(epoch, self.batch_size, history)
         order = orders.delivered_order(batches, self.num_workers, self.dataset.spec.order)
         return [batches[i] for i in order]
 
     def identity(self) -> dict[str, Any]:
-        return {**self.dataset._identity(self.batch_size), state.NUM_WORKERS: self.num_workers}
+        return self.dataset._identity(self.batch_size)
+
+    def point(self, epoch, position: int = 0, history: tuple = ()) -> state.PassPoint:
+        """Return a pass point of this sampler's topology."""
+        ds = self.dataset
+        return state.PassPoint(
+            epoch, position, 0, self.num_workers, ds.rank, ds.world_size, history
+        )
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (of the pass in progress, else of the next)."""
@@ -557,7 +596,7 @@ class EpochSampler(tud.Sampler):
     def state_dict(self) -> dict[str, Any]:
         """Return where the latest pass stands (see Note: resume)."""
         if self._latest is None:
-            return state.pass_state(None, 0, 0, self.num_workers, self.identity())
+            return state.pass_state(self.point(None), self.identity())
         return self._latest.state_dict()
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
@@ -568,8 +607,15 @@ class EpochSampler(tud.Sampler):
         """
         self._latest = _SamplerPass(self)
         self._latest.load_state_dict(saved)
-        if self._latest._pending is not None and self._latest._pending[1] == 0:
-            self.dataset.epochs.set(self._latest._pending[0])
+        pending = self._latest._pending
+        if pending is not None and (pending.position == 0 or not self._latest.exact):
+            self.dataset.epochs.set(pending.epoch)
+
+    def resume_elsewhere(self, epoch: int, history: tuple) -> None:
+        """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
+        self._latest = _SamplerPass(self)
+        self._latest._pending = self.point(epoch, 0, tuple(history))
+        self.dataset.epochs.set(epoch)
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (the dataset's :meth:`DatasetCore.set_epoch`)."""
@@ -578,22 +624,36 @@ class EpochSampler(tud.Sampler):
 
 class _SamplerPass(Iterator):
     """One pass of an :class:`EpochSampler`; claims its epoch at its first batch (lazily: a
-    DataLoader creates iterators it never uses). Its state is its (epoch, position)."""
+    DataLoader creates iterators it never uses). Its state is its pass point."""
 
     def __init__(self, sampler: EpochSampler):
         self.sampler = sampler
         self.cursor: state.Cursor | None = None
-        self._pending: tuple[int, int] | None = None  # a loaded (epoch, position)
+        self._pending: state.PassPoint | None = None  # a loaded point, not begun
         self.finished = False  # raised StopIteration
+
+    @property
+    def exact(self) -> bool:
+        """Whether the loaded point is of this sampler's topology (else: elastic resume)."""
+        p, here = self._pending, self.sampler.point(None)
+        return p is None or (p.num_workers, p.rank, p.world_size) == (
+            here.num_workers,
+            here.rank,
+            here.world_size,
+        )
 
     def _begin(self) -> None:
         ds = self.sampler.dataset
-        if self._pending is not None:
-            epoch, position = self._pending
+        point = self._pending
+        if point is None:
+            epoch, position, history = ds.epochs.claim(), 0, ()
+        elif self.exact:
+            epoch, position, history = point.epoch, point.position, point.history
+        else:  # another topology: the rest of the epoch (Note: elastic resume)
+            epoch, position, history = point.epoch, 0, point.handed_over()
+        if point is not None:
             ds.epochs.record(epoch)
-        else:
-            epoch, position = ds.epochs.claim(), 0
-        self.cursor = state.Cursor(epoch, self.sampler.batches(epoch), position)
+        self.cursor = state.Cursor(epoch, self.sampler.batches(epoch, history), position, history)
 
     def __next__(self):
         if self.cursor is None:
@@ -606,17 +666,16 @@ class _SamplerPass(Iterator):
         return self.sampler.dataset._batch_key(items, self.sampler.batch_size)
 
     def state_dict(self) -> dict[str, Any]:
+        s = self.sampler
         if self.cursor is None:  # not begun: where it would begin
-            epoch, position = self._pending or (self.sampler.dataset.epochs.peek(), 0)
+            point = self._pending or s.point(s.dataset.epochs.peek())
         elif self.finished:  # ran out (StopIteration): the next pass begins
-            epoch, position = self.cursor.epoch + 1, 0
+            point = s.point(self.cursor.epoch + 1)
         else:
-            epoch, position = self.cursor.epoch, self.cursor.position
-        return state.pass_state(
-            epoch, position, 0, self.sampler.num_workers, self.sampler.identity()
-        )
+            point = s.point(self.cursor.epoch, self.cursor.position, self.cursor.history)
+        return state.pass_state(point, s.identity())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
-        epoch, position = state.check_state(saved, self.sampler.identity(), "EpochSampler")
-        self._pending = None if epoch is None else (epoch, position)
+        point = state.check_state(saved, self.sampler.identity(), "EpochSampler")
+        self._pending = None if point.epoch is None else point
         self.cursor, self.finished = None, False

@@ -26,7 +26,7 @@ import torch.utils.data as tud
 from tsfile_torch.catalog.build import lay_out
 from tsfile_torch.data.core import DatasetCore, warn_if_batch_exceeds_cache
 from tsfile_torch.options import ReadOptions, check_int
-from tsfile_torch.sampling import orders
+from tsfile_torch.sampling import orders, state
 from tsfile_torch.sampling.orders import OrderSpec
 from tsfile_torch.sampling.state import SharedInt
 
@@ -130,14 +130,10 @@ class _Rows(DatasetCore):
         per_block = max(1, self.block_rows // bs)
         return np.r_[np.arange(0, count, per_block), count].astype(np.int64), 1
 
-    def epoch_batches(self, epoch: int, batch_size: int | None = None) -> list[np.ndarray]:
-        starts, per_batch = self._layout()
-        return orders.plan_epoch(self.spec, starts, epoch, self.rank, self.world_size, per_batch)
-
     def _identity(self, batch_size: int | None = None) -> dict[str, Any]:
         out = super()._identity(batch_size)
-        out["order"] = self.spec.identity
-        out["layout"] = [*out["layout"], self.num_rows, self.batch_size]
+        out[state.ORDER] = self.spec.identity
+        out[state.LAYOUT] = [*out[state.LAYOUT], self.num_rows, self.batch_size]
         return out
 
     def _batch_key(self, items: np.ndarray, batch_size: int | None) -> ItemBatch:

@@ -49,6 +49,7 @@ __all__ = [
     "epoch_items",
     "interleave",
     "plan_epoch",
+    "remaining_items",
     "shard_for_rank",
     "worker_batches",
 ]
@@ -228,10 +229,49 @@ def plan_epoch(
     rank: int,
     world_size: int,
     batch_size: int,
+    history: Sequence[Sequence[int]] = (),
 ) -> list[np.ndarray]:
-    """Return rank ``rank``'s batches of ``epoch`` (steps 1 to 3 of the module notes)."""
-    items = shard_for_rank(epoch_items(spec, block_starts, epoch), rank, world_size, spec.drop_last)
-    return cut_batches(items, batch_size, spec.drop_last)
+    """Return rank ``rank``'s batches of ``epoch`` (steps 1 to 3 of the module notes).
+
+    ``history`` (Note: elastic resume): what earlier topologies already delivered of this
+    epoch; the batches are then those of the epoch's remaining items.
+    """
+    items = remaining_items(spec, block_starts, epoch, batch_size, history)
+    return cut_batches(
+        shard_for_rank(items, rank, world_size, spec.drop_last), batch_size, spec.drop_last
+    )
+
+
+def remaining_items(
+    spec: OrderSpec,
+    block_starts: np.ndarray,
+    epoch: int,
+    batch_size: int,
+    history: Sequence[Sequence[int]] = (),
+) -> np.ndarray:
+    """Return the items of ``epoch`` not delivered yet, in the epoch's order.
+
+    Note: elastic resume. A pass interrupted under one topology (world size, number of workers)
+    and resumed under another is described by its ``history``: one ``(world_size,
+    num_workers, batches)`` segment per topology it ran under, ``batches`` being what each rank
+    had delivered then (ranks deliver the same number of batches, so one rank's count speaks
+    for all). Each segment removes, from the items left by the segments before it, every item
+    some rank delivered under that topology (in the delivered order of :func:`delivered_order`,
+    padding repeats included); the items left are sharded and batched under the current
+    topology as a whole epoch would be. Pure: any process computes the same remainder.
+    """
+    items = epoch_items(spec, block_starts, epoch)
+    positions = np.arange(len(items), dtype=np.int64)
+    for world_size, num_workers, delivered in history:
+        gone = []
+        for rank in range(world_size):
+            chunk = shard_for_rank(positions, rank, world_size, spec.drop_last)
+            batches = cut_batches(chunk, batch_size, spec.drop_last)
+            order = delivered_order([items[b] for b in batches], num_workers, spec.order)
+            gone += [batches[i] for i in order[:delivered]]
+        if gone:
+            positions = positions[~np.isin(positions, np.concatenate(gone))]
+    return items[positions]
 
 
 def delivered_order(

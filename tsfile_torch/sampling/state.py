@@ -34,6 +34,7 @@ import numpy as np
 __all__ = [
     "MAX_EPOCH",
     "Cursor",
+    "PassPoint",
     "EpochCounter",
     "SharedInt",
     "check_state",
@@ -48,6 +49,7 @@ _PID_BITS, _TAG_BITS = 22, 16  # Linux pids fit 22 bits; elsewhere they are mask
 # state_dict keys
 EPOCH, POSITION, WORKER, NUM_WORKERS = "epoch", "position", "worker", "num_workers"
 RANK, WORLD_SIZE, ORDER, LAYOUT = "rank", "world_size", "order", "layout"
+HISTORY = "history"
 
 
 class _Word(NamedTuple):
@@ -161,38 +163,80 @@ class EpochCounter:
         self._word.value = _pack(epoch, False, os.getpid() if tag else 0, tag)
 
 
-def pass_state(
-    epoch: int | None, position: int, worker: int, num_workers: int, identity: dict
-) -> dict[str, Any]:
-    """Return the state of a pass: where it stands, and what its order depends on."""
-    return {EPOCH: epoch, POSITION: position, WORKER: worker, NUM_WORKERS: num_workers, **identity}
+def pass_state(point: PassPoint, identity: dict) -> dict[str, Any]:
+    """Return the state of a pass: where it stands, under which topology, and its order."""
+    return {
+        EPOCH: point.epoch,
+        POSITION: point.position,
+        WORKER: point.worker,
+        NUM_WORKERS: point.num_workers,
+        RANK: point.rank,
+        WORLD_SIZE: point.world_size,
+        HISTORY: [list(h) for h in point.history],
+        **identity,
+    }
 
 
-def check_state(state: Any, identity: dict, owner: str) -> tuple[int | None, int]:
-    """Return (epoch, position) of ``state`` after checking it was saved with ``identity``.
+class PassPoint(NamedTuple):
+    """Where a pass stands (a state without what the order depends on).
+
+    ``worker`` of ``num_workers`` (1: the main process) of rank ``rank`` of ``world_size``
+    had delivered ``position`` batches of ``epoch``; ``history`` holds the topologies the epoch
+    ran under before this one (Note: elastic resume in :mod:`tsfile_torch.sampling.orders`).
+    """
+
+    epoch: int | None
+    position: int
+    worker: int = 0
+    num_workers: int = 1
+    rank: int = 0
+    world_size: int = 1
+    history: tuple = ()
+
+    def handed_over(self, delivered: int | None = None) -> tuple:
+        """Return the history of the rest of this pass under another topology.
+
+        ``delivered``: batches this rank delivered (default: this pass's position, right for a
+        main-process pass or a sampler; a loader with workers sums its workers').
+        """
+        done = self.position if delivered is None else delivered
+        return (*self.history, (self.world_size, max(self.num_workers, 1), done))
+
+
+def check_state(saved: Any, identity: dict, owner: str) -> PassPoint:
+    """Return where ``saved`` stands after checking it was saved with ``identity``.
 
     Raises:
-        ValueError: a key is missing, or the state was saved with another order, seed, rank,
-            world size, batch size or data layout (the message names the first difference).
+        ValueError: a key is missing, or the state was saved with another order, seed, batch
+            size or data layout (the message names the first difference).
     """
     keys = [EPOCH, POSITION, *identity]
-    if not isinstance(state, dict) or not set(keys) <= set(state):
-        got = sorted(state) if isinstance(state, dict) else type(state).__name__
+    if not isinstance(saved, dict) or not set(keys) <= set(saved):
+        got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
         raise ValueError(f"a state_dict of {owner} needs the keys {sorted(keys)}; got {got}")
     for key, mine in identity.items():
-        theirs = state[key]
+        theirs = saved[key]
         if _plain(theirs) != _plain(mine):
             raise ValueError(
                 f"cannot load this state_dict into {owner}: it was saved with {key}={theirs!r}, "
-                f"this one has {key}={mine!r}; build the dataset and loader (and the process "
-                f"group) as when the state was saved"
+                f"this one has {key}={mine!r}; build the dataset and loader as when the state "
+                f"was saved (the order, seed, batch size and data must be the same; ranks and "
+                f"workers may differ)"
             )
-    epoch, position = state[EPOCH], state[POSITION]
+    epoch, position = saved[EPOCH], saved[POSITION]
     if epoch is None:
-        return None, 0
+        return PassPoint(None, 0)
     if not (isinstance(epoch, int) and 0 <= epoch <= MAX_EPOCH and isinstance(position, int)):
         raise ValueError(f"state_dict of {owner}: bad epoch / position {epoch!r} / {position!r}")
-    return epoch, position
+    return PassPoint(
+        epoch,
+        position,
+        int(saved.get(WORKER, 0)),
+        int(saved.get(NUM_WORKERS, 1)),
+        int(saved.get(RANK, 0)),
+        int(saved.get(WORLD_SIZE, 1)),
+        tuple(tuple(int(v) for v in h) for h in saved.get(HISTORY, ())),
+    )
 
 
 def _plain(value):
@@ -205,9 +249,14 @@ def _plain(value):
 
 
 class Cursor(Iterator[np.ndarray]):
-    """One pass: its epoch and batches, and how many it has handed out (its position)."""
+    """One pass: its epoch and batches, and how many it has handed out (its position).
 
-    def __init__(self, epoch: int, batches: Sequence[np.ndarray], position: int = 0):
+    ``history``: the topologies the epoch ran under before this pass (Note: elastic resume).
+    """
+
+    def __init__(
+        self, epoch: int, batches: Sequence[np.ndarray], position: int = 0, history: tuple = ()
+    ):
         if not 0 <= position <= len(batches):
             raise ValueError(
                 f"cannot resume epoch {epoch} at batch {position}: it has {len(batches)} batches"
@@ -215,6 +264,7 @@ class Cursor(Iterator[np.ndarray]):
         self.epoch = epoch
         self.batches = batches
         self.position = position
+        self.history = history
 
     def __len__(self) -> int:
         return len(self.batches)
