@@ -10,12 +10,15 @@ from __future__ import annotations
 import ctypes
 import faulthandler
 import gc
+import json
 import multiprocessing
 import multiprocessing.forkserver
 import os
 import signal
+import subprocess
 import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -31,6 +34,8 @@ from tsfile_torch import (
     make_loader,
     synthetic,
 )
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _process_state() -> dict:
@@ -48,51 +53,96 @@ def _user_sigchld(signum, frame):  # a handler of the user's own
     pass
 
 
-@pytest.fixture(params=["defaults", "user_settings"])
-def user_process(request):
-    """The process as the user left it: Python's defaults, or their own handler and settings."""
-    saved_sigchld = signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    saved_faulthandler = faulthandler.is_enabled()
-    if request.param == "defaults":
-        faulthandler.disable()
-    else:
-        signal.signal(signal.SIGCHLD, _user_sigchld)
-        faulthandler.enable(file=sys.__stderr__)
-    yield request.param
-    signal.signal(signal.SIGCHLD, saved_sigchld)
-    if saved_faulthandler:  # pytest's own, on its stderr
+@pytest.fixture
+def user_settings():
+    """The user's own SIGCHLD handler, faulthandler on, a start method and forkserver preload."""
+    saved = _process_state()
+    signal.signal(signal.SIGCHLD, _user_sigchld)
+    faulthandler.enable(file=sys.__stderr__)
+    multiprocessing.set_start_method("spawn", force=True)
+    multiprocessing.set_forkserver_preload(["json"])
+    yield
+    signal.signal(signal.SIGCHLD, saved["sigchld"])
+    if saved["faulthandler"]:  # pytest's own, on its stderr
         faulthandler.enable(file=sys.__stderr__)
     else:
         faulthandler.disable()
+    multiprocessing.set_start_method(saved["start_method"], force=True)
+    multiprocessing.set_forkserver_preload(saved["forkserver_preload"])
 
 
-def test_a_loader_leaves_signals_faulthandler_and_multiprocessing_as_they_were(
-    small_dir, small_expected, user_process
-):
-    ds = TsFileIterableDataset(small_dir, batch_size=500, return_timestamps=True)
-    before = _process_state()
-    loader = make_loader(ds, num_workers=2)
+def _loader_passes(ds: TsFileIterableDataset, expected: np.ndarray) -> object:
+    """Run a 2-worker loader to the end, then break out of another and drop it; return the
+    SIGCHLD handler in force during the first pass."""
     during = None
     values, times = [], []
-    for v, t in loader:  # to the end
-        during = during or signal.getsignal(signal.SIGCHLD)
+    for v, t in make_loader(ds, num_workers=2):
+        during = signal.getsignal(signal.SIGCHLD) if during is None else during
         values.append(v)
         times.append(t)
-    assert during is not before["sigchld"]  # the worker-report wrapper was in place
     order = torch.cat(times).numpy()
-    assert sorted(order) == list(range(5000))
-    np.testing.assert_array_equal(
-        torch.cat(values).numpy(), small_expected[order].astype(np.float32)
-    )
-    assert _process_state() == before
-
+    assert sorted(order) == list(range(len(expected)))
+    np.testing.assert_array_equal(torch.cat(values).numpy(), expected[order].astype(np.float32))
     broken = make_loader(ds, num_workers=2)
-    for i, _ in enumerate(broken):  # broken out of, then dropped
+    for i, _ in enumerate(broken):
         if i == 2:
             break
     del broken, _
     gc.collect()
+    return during
+
+
+def test_a_loader_leaves_the_users_signals_faulthandler_and_multiprocessing_as_they_were(
+    small_dir, small_expected, user_settings
+):
+    ds = TsFileIterableDataset(small_dir, batch_size=500, return_timestamps=True)
+    before = _process_state()
+    during = _loader_passes(ds, small_expected)
+    assert during is not _user_sigchld  # the worker-report wrapper was in place meanwhile
     assert _process_state() == before
+
+
+FRESH = r"""
+import faulthandler, gc, json, multiprocessing, multiprocessing.forkserver, signal, sys
+
+def state():
+    return repr([
+        signal.getsignal(signal.SIGCHLD),
+        faulthandler.is_enabled(),
+        multiprocessing.get_start_method(allow_none=True),
+        list(multiprocessing.forkserver._forkserver._preload_modules),
+    ])
+
+before = state()
+from tsfile_torch import TsFileIterableDataset, make_loader
+
+ds = TsFileIterableDataset(sys.argv[1], batch_size=500)
+rows = sum(len(batch) for batch in make_loader(ds, num_workers=2))
+after_full = state()
+broken = make_loader(ds, num_workers=2)
+for i, _ in enumerate(broken):
+    if i == 2:
+        break
+del broken, _
+gc.collect()
+print(json.dumps([before, rows, after_full, state()]))
+"""
+
+
+def test_the_first_loader_of_a_fresh_process_leaves_its_defaults_as_they_were(small_dir):
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH, str(small_dir)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    before, rows, after_full, after_break = json.loads(proc.stdout.splitlines()[-1])
+    assert before.startswith("[<Handlers.SIG_DFL: 0>, False, None, ")  # Python's defaults
+    assert rows == 5000
+    assert after_full == after_break == before
 
 
 class _CrashesInNativeRead(TsFileIterableDataset):
