@@ -283,11 +283,8 @@ def test_a_sampler_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
     [
         ({"seed": 1}, r"saved with order=.*'seed': 2.*this one has order=.*'seed': 1"),
         ({"shuffle_blocks": 3}, r"saved with order=.*'shuffle_blocks': 2.*'shuffle_blocks': 3"),
-        ({"rank": 1, "world_size": 2}, "saved with rank=0, this one has rank=1"),
-        ({"rank": 0, "world_size": 2}, "saved with world_size=1, this one has world_size=2"),
         ({"stride": 4}, "saved with layout="),
         ({"batch_size": 8}, r"saved with layout=\[.*, 10\], this one has layout=\[.*, 8\]"),
-        ({"num_workers": 2}, "saved with num_workers=0, this one has num_workers=2"),
     ],
 )
 def test_a_state_of_another_order_is_a_clear_error(panel, change, match):
@@ -301,13 +298,12 @@ def test_a_state_of_another_order_is_a_clear_error(panel, change, match):
         sampler(**change).load_state_dict(saved.state_dict())
 
 
-def test_resuming_a_window_loader_with_another_number_of_workers_is_a_clear_error(panel, tmp_path):
+def test_a_window_loader_state_loads_under_another_number_of_workers(panel, tmp_path):
     _, loader = _build(panel, str(tmp_path / "log"), 2)
     it = iter(loader)
     next(it)
     state = loader.state_dict()
     del it, loader
-    for workers in (0, 1):
+    for workers in (0, 1):  # the rest of the epoch: tests/test_elastic.py checks what it holds
         _, other = _build(panel, str(tmp_path / "log"), workers)
-        with pytest.raises(ValueError, match="saved with num_workers=2"):
-            other.load_state_dict(state)
+        other.load_state_dict(state)
