@@ -71,6 +71,8 @@ def _file_timeout(source: Source, mode: str) -> float:
 # -- in the child -------------------------------------------------------------------------
 def _check_headers(source: Source) -> None:
     """Open, read metadata, decode the first row of every series (may crash: child only)."""
+    import pyarrow as pa
+
     from tsfile_torch.catalog.build import build_catalog
     from tsfile_torch.native.backend import open_reader
     from tsfile_torch.native.queries import prepare_handles
@@ -100,7 +102,10 @@ def _check_headers(source: Source) -> None:
                     )
                 for k in range(1, batch.num_columns):
                     shard = group.shards[k0 + k - 1]
-                    value = batch.column(k)[0].as_py()
+                    column = batch.column(k)
+                    if pa.types.is_timestamp(column.type):  # TIMESTAMP: int64 statistics
+                        column = column.cast(pa.int64())
+                    value = column[0].as_py()
                     if value is not None and shard.first is not None:
                         if float(value) != shard.first:
                             raise TsFileFormatError(
