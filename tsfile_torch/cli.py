@@ -8,6 +8,7 @@ import os
 import sys
 
 from tsfile_torch.errors import TsFileTorchError
+from tsfile_torch.options import TIME_UNITS, format_timestamp
 
 __all__ = ["main"]
 
@@ -138,6 +139,13 @@ def _remote_options(args: argparse.Namespace):
     return RemoteOptions(storage, getattr(args, "remote_cache_dir", None))
 
 
+def _time_range(item: dict, args: argparse.Namespace) -> str:
+    return (
+        f"time [{item['start_time']}, {item['end_time']}] = [{item['start_date']}, "
+        f"{item['end_date']}] (read as {args.time_unit})"
+    )
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from tsfile_torch.catalog.build import survey
     from tsfile_torch.integrity.validate import check_sources
@@ -153,13 +161,17 @@ def _inspect(args: argparse.Namespace) -> int:
             start_time=timelines[0]["start_time"],
             end_time=timelines[0]["end_time"],
         )
+    for item in (report, *timelines):  # dates beside the raw numbers
+        if "start_time" in item:
+            item["start_date"] = format_timestamp(item["start_time"], args.time_unit)
+            item["end_date"] = format_timestamp(item["end_time"], args.time_unit)
+    report["time_unit"] = args.time_unit
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     head = f"{len(report['files'])} files, {len(report['devices'])} devices, {len(columns)} columns"
     if len(timelines) == 1:
-        t = timelines[0]
-        print(f"{head}, {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]")
+        print(f"{head}, {timelines[0]['num_rows']} rows, {_time_range(timelines[0], args)}")
     else:
         print(
             f"{head} on {len(timelines)} timelines: a dataset reads columns of one timeline "
@@ -172,7 +184,7 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"  {d['name']:<30} {len(d['columns'])} columns in {', '.join(d['files'])}")
     print("timelines (columns sharing one time column):")
     for i, t in enumerate(timelines):
-        print(f"  [{i}] {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]:")
+        print(f"  [{i}] {t['num_rows']} rows, {_time_range(t, args)}:")
         by_device: dict[str, list[str]] = {}
         for name in t["columns"]:
             device, field = name.rsplit(".", 1)
@@ -278,6 +290,12 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("sources", nargs="+")
     i.add_argument("--columns", nargs="+")
     i.add_argument("--json", action="store_true")
+    i.add_argument(
+        "--time-unit",
+        choices=list(TIME_UNITS),
+        default="ms",
+        help="unit of the files' timestamps, for the dates shown beside them (default: ms)",
+    )
     i.add_argument(
         "--storage-options", help="fsspec options for URL sources, JSON: '{\"anon\": true}'"
     )
