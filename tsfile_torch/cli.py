@@ -1,4 +1,4 @@
-"""Command line: ``tsfile-torch bench | inspect | generate | verify``."""
+"""Command line: ``tsfile-torch bench | convert | inspect | generate | verify``."""
 
 from __future__ import annotations
 
@@ -200,6 +200,31 @@ def _inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _convert(args: argparse.Namespace) -> int:
+    from tsfile_torch.convert import read_frame, write_dataframe
+
+    tags = [t for t in args.tags.split(",") if t] if args.tags else []
+    types = {}
+    for item in args.types.split(",") if args.types else []:
+        name, sep, kind = item.partition("=")
+        if not sep:
+            raise ValueError(f"--types takes COLUMN=TYPE pairs separated by commas; got {item!r}")
+        types[name] = kind
+    df = read_frame(args.input, tags)
+    done = write_dataframe(
+        df,
+        args.output,
+        table=args.table,
+        tags=tags,
+        time=args.time,
+        types=types,
+        time_unit=args.time_unit,
+        overwrite=args.overwrite,
+    )
+    print(done.describe())
+    return 0
+
+
 def _generate(args: argparse.Namespace) -> int:
     from tsfile_torch import synthetic
 
@@ -300,6 +325,32 @@ def build_parser() -> argparse.ArgumentParser:
         "--storage-options", help="fsspec options for URL sources, JSON: '{\"anon\": true}'"
     )
     i.set_defaults(func=_inspect)
+
+    c = sub.add_parser(
+        "convert",
+        help="write a CSV or Parquet file into one TsFile (a table; tags name the devices)",
+    )
+    c.add_argument("input", help="a .csv (also .csv.gz...) or .parquet file")
+    c.add_argument("output", help="the TsFile to write")
+    c.add_argument("--table", required=True, help="table name (lower case, no '.')")
+    c.add_argument("--tags", help="columns naming the device, comma-separated: site,meter")
+    c.add_argument(
+        "--time",
+        default="time",
+        help="the timestamp column: integers, or datetimes / ISO-8601 strings (default: time)",
+    )
+    c.add_argument(
+        "--types",
+        help="TsFile types of fields instead of the inferred ones: temp=FLOAT,count=INT64",
+    )
+    c.add_argument(
+        "--time-unit",
+        choices=list(TIME_UNITS),
+        default="ms",
+        help="unit of the written timestamps; datetimes are converted to it (default: ms)",
+    )
+    c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    c.set_defaults(func=_convert)
 
     g = sub.add_parser("generate", help="write a synthetic table-model dataset")
     g.add_argument("directory")
