@@ -7,6 +7,7 @@ import pytest
 from tsfile import TSDataType
 
 from tsfile_torch import SchemaError, TsFileDataset, build_catalog, synthetic
+from tsfile_torch.sources import expand_sources
 
 TWO = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=3, num_rows=2000)
 
@@ -37,6 +38,24 @@ def test_glob_source_and_list_of_files_give_the_same_catalog(small_dir):
         build_catalog(str(small_dir / "part*.tsfile")).column_names
         == build_catalog(files).column_names
     )
+
+
+def test_a_double_star_glob_matches_files_in_folders_at_any_depth(tmp_path):
+    spec = synthetic.DatasetSpec(1, 1, 1, 10)
+    for folder, prefix in [(".", "top"), ("a", "mid"), ("a/b/c", "deep")]:
+        synthetic.write_table_files(tmp_path / folder, spec, prefix=prefix)
+    (tmp_path / "a" / "b" / "notes.txt").write_text("not a TsFile")
+
+    def names(pattern: str) -> list[str]:
+        return [s.name for s in expand_sources(str(tmp_path / pattern))]
+
+    assert names("**/*.tsfile") == [  # "**" also matches no folder at all
+        str(tmp_path / "a/b/c/deep000.tsfile"),
+        str(tmp_path / "a/mid000.tsfile"),
+        str(tmp_path / "top000.tsfile"),
+    ]
+    assert names("a/**/deep*.tsfile") == [str(tmp_path / "a/b/c/deep000.tsfile")]
+    assert names("*/*.tsfile") == [str(tmp_path / "a/mid000.tsfile")]  # one "*": one level
 
 
 def test_statistics_come_from_metadata(small_dir):

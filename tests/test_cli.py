@@ -52,17 +52,49 @@ def test_inspect_lists_devices_and_which_columns_share_each_timeline(tmp_path, c
             "num_rows": 1000,
             "start_time": 0,
             "end_time": 999,
+            "start_date": "1970-01-01T00:00:00.000Z",
+            "end_date": "1970-01-01T00:00:00.999Z",
             "columns": ["a.d0.s0", "a.d0.s1", "a.d1.s0", "a.d1.s1"],
         },
-        {"num_rows": 500, "start_time": 10, "end_time": 509, "columns": ["b.d0.s0"]},
+        {
+            "num_rows": 500,
+            "start_time": 10,
+            "end_time": 509,
+            "start_date": "1970-01-01T00:00:00.010Z",
+            "end_date": "1970-01-01T00:00:00.509Z",
+            "columns": ["b.d0.s0"],
+        },
     ]
     assert "num_rows" not in report  # no single row count: the columns are on two timelines
     assert [c["timeline"] for c in report["columns"]] == [0, 0, 0, 0, 1]
     assert main(["inspect", str(tmp_path)]) == 0
     text = capsys.readouterr().out
     assert "3 devices, 5 columns on 2 timelines" in text
-    assert "[1] 500 rows, time [10, 509]:\n      b.d0: s0\n" in text
+    assert (
+        "[1] 500 rows, time [10, 509] = [1970-01-01T00:00:00.010Z, 1970-01-01T00:00:00.509Z] "
+        "(read as ms):\n      b.d0: s0\n"
+    ) in text
     assert "a.d1: s0 s1" in text
+
+
+def test_inspect_shows_iso_utc_dates_beside_the_raw_timestamps_in_the_unit_given(tmp_path, capsys):
+    day = 1_706_659_200_000  # 2024-01-31T00:00:00Z in ms
+    spec = synthetic.DatasetSpec(1, 1, 1, 3)
+    synthetic.write_table_files(tmp_path, spec, start_time=day, interval=60_000)
+    assert main(["inspect", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert (report["start_time"], report["end_time"]) == (day, day + 120_000)
+    assert report["start_date"] == "2024-01-31T00:00:00.000Z"
+    assert report["end_date"] == "2024-01-31T00:02:00.000Z" and report["time_unit"] == "ms"
+    assert main(["inspect", str(tmp_path)]) == 0
+    assert (
+        f"3 rows, time [{day}, {day + 120000}] = [2024-01-31T00:00:00.000Z, "
+        f"2024-01-31T00:02:00.000Z] (read as ms)"
+    ) in capsys.readouterr().out
+    assert main(["inspect", str(tmp_path), "--json", "--time-unit", "us"]) == 0
+    report = json.loads(capsys.readouterr().out)  # the same numbers read as microseconds
+    assert report["start_date"] == "1970-01-20T18:04:19.200000Z"
+    assert report["time_unit"] == "us"
 
 
 @pytest.mark.parametrize(

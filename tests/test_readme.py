@@ -16,7 +16,7 @@ def test_every_readme_block_runs_and_shows_what_it_says(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)  # the snippets write and read "panel/"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # their mkdtemp lands in tmp_path
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 5
+    assert len(blocks) == 6
     ns: dict = {"__name__": "readme"}
     for i, code in enumerate(blocks):
         exec(compile(code, f"README.md block {i}", "exec"), ns)
@@ -27,6 +27,8 @@ def test_every_readme_block_runs_and_shows_what_it_says(tmp_path, monkeypatch, c
     # windows: shapes and the first window's origin
     assert "WindowInfo(device='meters.s0', start_row=0, start_time=0)" in out
     assert ns["x"].shape == (96, 3) and ns["y"].shape == (24, 3)  # from the normalization block
+    # bring your own data: the converted devices and their windows
+    assert "['plant.m1', 'plant.m2']" in out and "112 ['load']" in out
     # resume: 12 batches left, equal to the uninterrupted run's (asserted in the block too)
     assert len(ns["rest"]) == 12 and len(ns["uninterrupted"]) == 20
     # alignment: aligned values and their timestamps

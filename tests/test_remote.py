@@ -280,25 +280,6 @@ def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
     assert "remote, empty cache, workers=0" in capsys.readouterr().out
 
 
-def test_object_storage_guide_example_runs_as_written(
-    s3_server, small_dir, tmp_path, monkeypatch, capsys
-):
-    from pathlib import Path
-
-    guide = (Path(__file__).resolve().parent.parent / "docs" / "object-storage.md").read_text()
-    code = guide.split("```python\n", 1)[1].split("```", 1)[0]
-    s3_server.upload("tsfile-torch-demo", small_dir, prefix="data/")
-    monkeypatch.setenv("AWS_ENDPOINT_URL", s3_server.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.chdir(tmp_path)
-    gets = s3_server.object_gets("tsfile-torch-demo")
-    exec(compile(code, "README.md", "exec"), {})
-    assert capsys.readouterr().out == "s3://tsfile-torch-demo/data/part000.tsfile 5000 18\n"
-    assert len(list((tmp_path / "tsfile-torch-cache").glob("*.tsfile"))) == 3
-    assert s3_server.object_gets("tsfile-torch-demo") - gets <= 3 * 2 + 3  # metadata + 1 each
-
-
 def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path):
     # one series continued across two files: rows 0..999 in day0, 1000..1999 in day1
     name = f"bucket-{next(_BUCKETS)}"

@@ -38,6 +38,7 @@ _PUBLIC = {
     "ORDERS": "tsfile_torch.sampling.orders",
     "synthetic": "tsfile_torch.synthetic",
     "process": "tsfile_torch.process",
+    "write_dataframe": "tsfile_torch.convert",
 }
 
 __all__ = sorted(_PUBLIC)

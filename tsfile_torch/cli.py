@@ -1,4 +1,4 @@
-"""Command line: ``tsfile-torch bench | inspect | generate | verify``."""
+"""Command line: ``tsfile-torch bench | convert | inspect | generate | verify``."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import sys
 
 from tsfile_torch.errors import TsFileTorchError
+from tsfile_torch.options import TIME_UNITS, format_timestamp
 
 __all__ = ["main"]
 
@@ -138,6 +139,13 @@ def _remote_options(args: argparse.Namespace):
     return RemoteOptions(storage, getattr(args, "remote_cache_dir", None))
 
 
+def _time_range(item: dict, args: argparse.Namespace) -> str:
+    return (
+        f"time [{item['start_time']}, {item['end_time']}] = [{item['start_date']}, "
+        f"{item['end_date']}] (read as {args.time_unit})"
+    )
+
+
 def _inspect(args: argparse.Namespace) -> int:
     from tsfile_torch.catalog.build import survey
     from tsfile_torch.integrity.validate import check_sources
@@ -153,13 +161,17 @@ def _inspect(args: argparse.Namespace) -> int:
             start_time=timelines[0]["start_time"],
             end_time=timelines[0]["end_time"],
         )
+    for item in (report, *timelines):  # dates beside the raw numbers
+        if "start_time" in item:
+            item["start_date"] = format_timestamp(item["start_time"], args.time_unit)
+            item["end_date"] = format_timestamp(item["end_time"], args.time_unit)
+    report["time_unit"] = args.time_unit
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     head = f"{len(report['files'])} files, {len(report['devices'])} devices, {len(columns)} columns"
     if len(timelines) == 1:
-        t = timelines[0]
-        print(f"{head}, {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]")
+        print(f"{head}, {timelines[0]['num_rows']} rows, {_time_range(timelines[0], args)}")
     else:
         print(
             f"{head} on {len(timelines)} timelines: a dataset reads columns of one timeline "
@@ -172,7 +184,7 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"  {d['name']:<30} {len(d['columns'])} columns in {', '.join(d['files'])}")
     print("timelines (columns sharing one time column):")
     for i, t in enumerate(timelines):
-        print(f"  [{i}] {t['num_rows']} rows, time [{t['start_time']}, {t['end_time']}]:")
+        print(f"  [{i}] {t['num_rows']} rows, {_time_range(t, args)}:")
         by_device: dict[str, list[str]] = {}
         for name in t["columns"]:
             device, field = name.rsplit(".", 1)
@@ -185,6 +197,31 @@ def _inspect(args: argparse.Namespace) -> int:
             f"  {r['name']:<40} {r['dtype']:<9} timeline={r['timeline']} rows={r['num_rows']:<9} "
             f"min={r['min']} max={r['max']} mean={r['mean']}"
         )
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from tsfile_torch.convert import read_frame, write_dataframe
+
+    tags = [t for t in args.tags.split(",") if t] if args.tags else []
+    types = {}
+    for item in args.types.split(",") if args.types else []:
+        name, sep, kind = item.partition("=")
+        if not sep:
+            raise ValueError(f"--types takes COLUMN=TYPE pairs separated by commas; got {item!r}")
+        types[name] = kind
+    df = read_frame(args.input, tags)
+    done = write_dataframe(
+        df,
+        args.output,
+        table=args.table,
+        tags=tags,
+        time=args.time,
+        types=types,
+        time_unit=args.time_unit,
+        overwrite=args.overwrite,
+    )
+    print(done.describe())
     return 0
 
 
@@ -279,9 +316,41 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("--columns", nargs="+")
     i.add_argument("--json", action="store_true")
     i.add_argument(
+        "--time-unit",
+        choices=list(TIME_UNITS),
+        default="ms",
+        help="unit of the files' timestamps, for the dates shown beside them (default: ms)",
+    )
+    i.add_argument(
         "--storage-options", help="fsspec options for URL sources, JSON: '{\"anon\": true}'"
     )
     i.set_defaults(func=_inspect)
+
+    c = sub.add_parser(
+        "convert",
+        help="write a CSV or Parquet file into one TsFile (a table; tags name the devices)",
+    )
+    c.add_argument("input", help="a .csv (also .csv.gz...) or .parquet file")
+    c.add_argument("output", help="the TsFile to write")
+    c.add_argument("--table", required=True, help="table name (lower case, no '.')")
+    c.add_argument("--tags", help="columns naming the device, comma-separated: site,meter")
+    c.add_argument(
+        "--time",
+        default="time",
+        help="the timestamp column: integers, or datetimes / ISO-8601 strings (default: time)",
+    )
+    c.add_argument(
+        "--types",
+        help="TsFile types of fields instead of the inferred ones: temp=FLOAT,count=INT64",
+    )
+    c.add_argument(
+        "--time-unit",
+        choices=list(TIME_UNITS),
+        default="ms",
+        help="unit of the written timestamps; datetimes are converted to it (default: ms)",
+    )
+    c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    c.set_defaults(func=_convert)
 
     g = sub.add_parser("generate", help="write a synthetic table-model dataset")
     g.add_argument("directory")

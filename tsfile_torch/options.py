@@ -28,6 +28,7 @@ __all__ = [
     "check_bool",
     "check_int",
     "check_seed",
+    "format_timestamp",
     "parse_backend",
     "to_timestamp",
 ]
@@ -149,6 +150,18 @@ def to_timestamp(name: str, value: Any, time_unit: str) -> int | None:
         f"{name} should be an integer timestamp, a datetime, a numpy.datetime64, an ISO-8601 "
         f"string or None; got {value!r}"
     )
+
+
+def format_timestamp(value: int, time_unit: str = "ms") -> str:
+    """Return an int64 timestamp in ``time_unit`` as an ISO-8601 UTC string.
+
+    The inverse of :func:`to_timestamp` for display: ``format_timestamp(1000, "ms")`` is
+    ``'1970-01-01T00:00:01.000Z'`` (as many fraction digits as the unit has).
+    """
+    import numpy as np
+
+    check_choice("time_unit", time_unit, tuple(TIME_UNITS))
+    return str(np.datetime_as_string(np.datetime64(int(value), time_unit), timezone="UTC"))
 
 
 def _dtype_name(value: Any) -> str:

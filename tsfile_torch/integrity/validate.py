@@ -82,6 +82,8 @@ def _check_headers(source: Source) -> None:
 
 
 def _check_first_rows(reader, catalog, info) -> None:
+    import pyarrow as pa
+
     from tsfile_torch.native.queries import prepare_handles
 
     try:
@@ -106,7 +108,10 @@ def _check_first_rows(reader, catalog, info) -> None:
                     )
                 for k in range(1, batch.num_columns):
                     shard = group.shards[k0 + k - 1]
-                    value = batch.column(k)[0].as_py()
+                    column = batch.column(k)
+                    if pa.types.is_timestamp(column.type):  # TIMESTAMP: int64 statistics
+                        column = column.cast(pa.int64())
+                    value = column[0].as_py()
                     if value is not None and shard.first is not None:
                         if float(value) != shard.first:
                             raise TsFileFormatError(

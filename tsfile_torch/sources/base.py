@@ -274,8 +274,8 @@ def _expand_local(item: str | os.PathLike, remote_options) -> list[Source]:
         return [LocalFile(p) for p in found]
     if os.path.exists(path):
         return [LocalFile(path)]
-    if glob.has_magic(path):
-        found = sorted(p for p in glob.glob(path) if not os.path.isdir(p))
+    if glob.has_magic(path):  # "**" matches any depth of folders, none included
+        found = sorted(p for p in glob.glob(path, recursive=True) if not os.path.isdir(p))
         if not found:
             raise TsFileFormatError(f"{path}: glob pattern matches no files")
         return [LocalFile(p) for p in found]
@@ -305,6 +305,8 @@ def as_source(item: Any) -> Source:
 
 def expand_sources(sources: Any, remote_options=None) -> list[Source]:
     """Expand paths, directories (their ``*.tsfile``, sorted), globs, URLs and file objects.
+
+    Local globs are recursive: ``data/**/*.tsfile`` is every ``*.tsfile`` under ``data/``.
 
     Args:
         sources: one item or a list of them.
