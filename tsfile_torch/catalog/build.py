@@ -279,6 +279,10 @@ def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> 
         return numeric
     if isinstance(requested, str):
         requested = [requested]
+    if not isinstance(requested, (list, tuple)) or not requested:
+        raise ValueError(
+            f"columns must be None or a non-empty list of names / glob patterns; got {requested!r}"
+        )
     chosen: dict[str, Column] = {}
     for item in requested:
         if not isinstance(item, str):
