@@ -164,16 +164,26 @@ def _main() -> None:  # the fresh-interpreter child: python -c "...; _main()" < 
     _child(sources, mode, sys.stdout.fileno())
 
 
+#: Python threads known to hold no lock a validation child needs while they idle: our own
+#: decode pool (waiting on its queue) and tqdm's monitor (sleeping between checks).
+IDLE_THREADS = ("tsfile-decode", "tqdm_monitor")
+
+
 def can_fork() -> bool:
     """Return whether a validation child may be a fork of this process.
 
     Only where forked children can read TsFiles (:mod:`tsfile_torch.native.forkfix`) and no
-    other Python thread runs: a Python thread may hold a lock the child would need. Native
-    threads (tsfile's pool, OpenMP, CUDA) are left behind safely: the child runs only tsfile's
-    reader, whose pool the fork fix rebuilds, and pure-Python checks, then exits with
-    ``os._exit``.
+    other Python thread runs (but :data:`IDLE_THREADS`): a thread may hold a lock the child
+    would need. Native threads (tsfile's pool, OpenMP, CUDA) are left behind safely: the child
+    runs only tsfile's reader, whose pool the fork fix rebuilds, and pure-Python checks, then
+    exits with ``os._exit``.
     """
-    return fork_safe() and threading.active_count() == 1
+    others = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.name.startswith(IDLE_THREADS)
+    ]
+    return fork_safe() and threading.current_thread() is threading.main_thread() and not others
 
 
 # -- in the parent ------------------------------------------------------------------------
