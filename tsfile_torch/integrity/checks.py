@@ -40,7 +40,7 @@ import threading
 import numpy as np
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
 
 __all__ = ["StatisticsCheck", "EpochSums"]
 
@@ -71,7 +71,8 @@ class StatisticsCheck:
         )
         raise TsFileFormatError(
             f"{info.name}: {series}, rows [{start}, {stop}): {what}; the decoded data disagree "
-            f"with the file's own statistics: the file is damaged (or changed while in use)"
+            f"with the file's own statistics: the file is damaged (or changed while in use); "
+            f"{SKIP_HINT}"
         )
 
     def block(self, group_index: int, start: int, times: np.ndarray, values: np.ndarray) -> None:

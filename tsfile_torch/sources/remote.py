@@ -55,6 +55,7 @@ from urllib.parse import unquote, urlparse
 
 from tsfile_torch.errors import RemoteError
 from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
+from tsfile_torch.options import user_cache_dir
 from tsfile_torch.sources.base import Source, register
 
 __all__ = [
@@ -83,8 +84,9 @@ _EXTRA_HINT = "pip install 'tsfile-torch[remote]'"
 
 
 def default_cache_dir() -> str:
-    """Return ``~/.cache/tsfile-torch/remote``, where remote files are copied by default."""
-    return os.path.join(os.path.expanduser("~"), ".cache", "tsfile-torch", "remote")
+    """Return ``$XDG_CACHE_HOME/tsfile-torch/remote`` (default ``~/.cache/...``), where remote
+    files are copied by default."""
+    return user_cache_dir("remote")
 
 
 def is_url(source: object) -> bool:
@@ -171,8 +173,8 @@ class RemoteFile(Source):
     def mapped_path(self) -> str:
         return os.path.realpath(self.cache_path)
 
-    def index_key(self) -> str:
-        return repr((self.url, self.version, self.nbytes))
+    def index_key(self, identity=None) -> str:
+        return repr((self.url, *(identity or self.identity())))
 
     @property
     def cache_path(self) -> str:
