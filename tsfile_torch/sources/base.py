@@ -166,21 +166,21 @@ class LocalFile(Source):
             digest = file_hash(self.path, self.name, now.fields, self.index_key(now))
             if digest != was.content:
                 raise self._changed(
-                    "only ctime moved, but the content hash differs from the one verified "
+                    "ctime changed alone, but the content hash differs from the one verified "
                     "when the dataset was built: the file was rewritten with its mtime restored"
                 )
             return dataclasses.replace(now, content=digest)
         if now.attributes != was.attributes and now.tail == was.tail:
             return now  # chmod, chown, a hard link: the bytes that describe the file are intact
         why = (
-            "its head or metadata tail differs"
+            "and the file's head or metadata tail differs"
             if now.tail != was.tail
-            else "no change of permissions, owner or link count explains it, as it would a "
-            "chmod, chown or hard link; a same-size rewrite with its mtime restored looks like "
+            else "with no change of permissions, owner or link count to explain it, as a chmod, "
+            "chown or hard link would; a same-size rewrite with its mtime restored looks like "
             "this (list the files in a manifest, `tsfile-torch manifest DIR`, and a content "
             "hash tells the two apart)"
         )
-        raise self._changed(f"only ctime moved, and {why}")
+        raise self._changed(f"ctime changed alone, {why}")
 
     def _changed(self, what: str) -> TsFileFormatError:
         return TsFileFormatError(
