@@ -1,4 +1,4 @@
-"""Manifests: `tsfile-torch manifest DIR`, checked by datasets (once per file identity) and verify."""
+"""Manifests: `tsfile-torch manifest DIR`, checked by datasets (once per identity) and verify."""
 
 from __future__ import annotations
 
