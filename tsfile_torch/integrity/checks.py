@@ -3,10 +3,11 @@
 Two checks, both called by the reader around each native read (Note: integrity hooks):
 
 - ``FileInfo.check_unchanged`` (:meth:`tsfile_torch.sources.Source.check_unchanged`) before and
-  after every native read: for a local file one ``os.stat``, compared with the size, mtime,
-  ctime, inode and device recorded when the catalog was built (after: so a block read while the
-  file was being written is never handed out). ctime changes on every write whatever ``cp -p``
-  or ``rsync -t`` do to mtime, and a rename over the file changes the inode. A change is a
+  after every native read: for a local file one ``os.stat``, compared with the identity recorded
+  when the catalog was built (after: so a block read while the file was being written is never
+  handed out); size, mtime, inode and device as they are, ctime as Note: content-relevant
+  identity (:mod:`tsfile_torch.sources.content`) says, so chmod, chown and hard links are not
+  changes and a same-size rewrite with its mtime restored is. A change is a
   :class:`TsFileFormatError` naming the file. A URL's local copy is immutable (keyed by the
   object's version); file objects cannot be checked.
 - :class:`StatisticsCheck` after every decoded block: row count (the reader's own check),

@@ -645,13 +645,15 @@ class BatchReader:
 @contextlib.contextmanager
 def _damage_remembered(info: FileInfo):
     """Remember the file as damaged when a read in the block raises TsFileFormatError while the
-    file is unchanged (a change is not damage): Note: remembered verdicts, in
-    :mod:`tsfile_torch.sources.content`; ``on_damaged="skip"`` then leaves it out."""
+    file is unchanged (Note: remembered verdicts, in :mod:`tsfile_torch.sources.content`;
+    ``on_damaged="skip"`` then leaves it out). A change is not damage, nor is an OS error
+    (too many open files, an I/O error): those are not remembered."""
     try:
         yield
     except TsFileFormatError as err:
-        info.check_unchanged()  # a change is not damage: its own error replaces this one
-        remember(info.index_key, damaged=str(err))
+        info.check_unchanged()  # a change: its own error replaces this one
+        if getattr(err, "errno", None) is None and not isinstance(err.__cause__, OSError):
+            remember(info.index_key, damaged=str(err))
         raise
 
 
