@@ -190,3 +190,31 @@ def aligned(series: list[tuple[np.ndarray, np.ndarray]], align: str, fill: str):
 def expected_aligned():
     """The function ``(series, align, fill) -> (times, values)`` of expected aligned rows."""
     return aligned
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """This test's own user cache (``$XDG_CACHE_HOME``): verified files, indexes, verdicts."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def run_python():
+    """The function ``(code, *args, **run_kwargs) -> CompletedProcess``: ``python -c code args``
+    in a new interpreter that imports this checkout's tsfile_torch; output captured as text."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+    def run(code: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        kwargs = {"timeout": 120, "env": env, "cwd": repo, **kwargs}
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, **kwargs
+        )
+
+    return run

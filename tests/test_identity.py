@@ -17,9 +17,7 @@ ROWS = 30000
 FIELDS = 4
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # a verified-files cache per test
 
 
 @pytest.fixture

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +12,6 @@ import pytest
 
 from tsfile_torch import TsFileFormatError, TsFileIterableDataset, synthetic
 
-REPO = Path(__file__).resolve().parents[1]
 ROWS = 20000
 FIELDS = ["s0", "s1"]
 
@@ -54,18 +51,11 @@ np.savez(args["out"], values=values, times=times)
 """
 
 
-def _read_in_new_process(path: Path, index: Path, version: int, full_disk: bool = False) -> None:
+def _read_in_new_process(run_python, path: Path, index: Path, version: int, full_disk=False):
     """Read ``path`` in a new process; assert it read version ``version`` exactly."""
     out = path.with_suffix(".read.npz")
     args = {"path": str(path), "index": str(index), "out": str(out), "full_disk": full_disk}
-    proc = subprocess.run(
-        [sys.executable, "-c", READ, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
-        cwd=REPO,
-    )
+    proc = run_python(READ, json.dumps(args))
     assert proc.returncode == 0, proc.stderr[-3000:]
     with np.load(out) as got:
         np.testing.assert_array_equal(got["times"], _times(version))
@@ -84,7 +74,9 @@ def _dataset(path: Path, index: Path) -> TsFileIterableDataset:
     )
 
 
-def test_a_file_published_over_a_live_one_mid_epoch_is_read_exactly_by_a_new_process(tmp_path):
+def test_a_file_published_over_a_live_one_mid_epoch_is_read_exactly_by_a_new_process(
+    tmp_path, run_python
+):
     live, index = _write(tmp_path / "live.tsfile", 0), tmp_path / "index"
     ds = _dataset(live, index)
     assert sum(len(times) for _, times in ds) == ROWS  # a pass: the index is complete, saved
@@ -96,11 +88,11 @@ def test_a_file_published_over_a_live_one_mid_epoch_is_read_exactly_by_a_new_pro
             if i == 1:
                 os.replace(new, live)  # a pipeline publishes the next version
     assert sorted(index.rglob("*.npy")) == saved  # nothing learned from the old file was saved
-    _read_in_new_process(live, index, 1)
+    _read_in_new_process(run_python, live, index, 1)
     assert len(list(index.rglob("*.npy"))) == 2  # the new file's index, under its own key
 
 
-def test_cached_marks_that_disagree_with_the_file_are_ignored(tmp_path):
+def test_cached_marks_that_disagree_with_the_file_are_ignored(tmp_path, run_python):
     index = tmp_path / "index"
     old = _write(tmp_path / "old.tsfile", 0)
     list(_dataset(old, index))
@@ -109,13 +101,13 @@ def test_cached_marks_that_disagree_with_the_file_are_ignored(tmp_path):
     list(_dataset(path, index))
     [marks] = set(index.rglob("*.npy")) - {old_marks}
     marks.write_bytes(old_marks.read_bytes())  # another file's marks under this file's key
-    _read_in_new_process(path, index, 1)  # checked when loaded, and ignored
+    _read_in_new_process(run_python, path, index, 1)  # checked when loaded, and ignored
     assert marks.read_bytes() != old_marks.read_bytes()  # and replaced by the right ones
 
 
-def test_an_index_cache_that_cannot_be_written_leaves_no_temporary_files(tmp_path):
+def test_an_index_cache_that_cannot_be_written_leaves_no_temporary_files(tmp_path, run_python):
     path, index = _write(tmp_path / "live.tsfile", 0), tmp_path / "index"
-    _read_in_new_process(path, index, 0, full_disk=True)
+    _read_in_new_process(run_python, path, index, 0, full_disk=True)
     assert [p.name for p in index.iterdir() if p.is_dir()]  # a save was tried
     assert not list(index.rglob("*.tmp"))  # mkstemp succeeded, the write failed: removed
     assert not list(index.rglob("*.npy"))

@@ -18,10 +18,7 @@ SPEC = synthetic.DatasetSpec(num_files=3, devices_per_file=1, fields_per_device=
 MANIFEST = "tsfile-torch-manifest.json"
 
 
-@pytest.fixture(autouse=True)
-def _own_cache(tmp_path, monkeypatch):
-    """Each test remembers verified files in a cache of its own."""
-    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("private_cache")  # a verified-files cache per test
 
 
 @pytest.fixture

@@ -5,15 +5,11 @@ from __future__ import annotations
 import ctypes
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("fsspec")
 
-REPO = Path(__file__).resolve().parents[1]
 
 # Builds datasets over memory:// objects with a read-only cache_dir: made read-only before the
 # build, and after a build (then the first read writes). Prints the error of each.
@@ -56,16 +52,8 @@ def _without_root_override() -> None:
                 raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
 
 
-def test_a_read_only_cache_dir_is_a_remote_error_at_build_and_at_first_read(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"},
-        cwd=REPO,
-        preexec_fn=_without_root_override,
-    )
+def test_a_read_only_cache_dir_is_a_remote_error_at_build_and_at_first_read(tmp_path, run_python):
+    proc = run_python(PROBE, str(tmp_path), preexec_fn=_without_root_override)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     cache = str(tmp_path / "cache")
