@@ -218,3 +218,22 @@ def run_python():
         )
 
     return run
+
+
+def _flip_value_byte(path, series: str, offset: int) -> None:
+    data = bytearray(open(path, "rb").read())
+    data[data.index(b"\x41\x04" + series.encode()) + offset] ^= 0xFF  # value-chunk header
+    with open(path, "r+b") as fh:  # in place: same inode, same size
+        fh.write(data)
+
+
+@pytest.fixture(scope="session")
+def flip_value_byte():
+    """The function ``(path, series, offset)``: flip the byte ``offset`` bytes after the value
+    chunk header of ``series`` (``"s1"``) of a table file, in place (same size and inode).
+
+    Effects measured on ``DatasetSpec(3, 1, 4, 30000)`` (fixed writer output), in
+    ``part001.tsfile``: ``s1`` + 80,000 decodes to values off in their last bits that no check
+    sees; ``s3`` + 500 to a value outside the series' [min, max] in rows [0, 5000).
+    """
+    return _flip_value_byte

@@ -39,16 +39,6 @@ def _truncate(path: Path) -> None:
     os.truncate(path, path.stat().st_size // 2)
 
 
-def _flip(path: Path, series: str, offset: int) -> None:
-    """Flip one byte of a value page of ``series`` in place. For part001 (fixed writer output):
-    s1 + 80000 decodes to values off in their last bits (no check sees it), s3 + 500 to a value
-    outside the series' [min, max] in rows [0, 5000)."""
-    data = bytearray(path.read_bytes())
-    data[data.index(b"\x41\x04" + series.encode()) + offset] ^= 0xFF
-    with open(path, "r+b") as fh:
-        fh.write(data)
-
-
 def _expected(files: list[int]) -> np.ndarray:
     rows = np.arange(SPEC.num_rows)
     cols = [synthetic.value_of(f, c, rows) for f in files for c in range(4)]
@@ -113,9 +103,10 @@ def test_skip_leaves_a_file_failing_validation_out_of_the_windows(data):
     _check_windows(ds, [0, 2])
 
 
-def test_skip_leaves_out_a_file_that_differs_from_its_manifest(data):
+def test_skip_leaves_out_a_file_that_differs_from_its_manifest(data, flip_value_byte):
     main(["manifest", str(data)])
-    _flip(data / "part001.tsfile", "s1", 80000)  # passes validation, reads as wrong values
+    # passes validation, then reads as wrong values
+    flip_value_byte(data / "part001.tsfile", "s1", 80000)
     ds, warned = _build_skipping(
         lambda: TsFileDataset(data, batch_size=5000, dtype=torch.float64, on_damaged="skip")
     )
@@ -129,9 +120,10 @@ def test_skip_leaves_out_a_file_that_differs_from_its_manifest(data):
 # (their result pipes are full), whatever the dataset
 @pytest.mark.parametrize("workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_damage_found_while_reading_rows_raises_and_a_rebuild_with_skip_leaves_it_out(
-    data, workers
+    data, workers, flip_value_byte
 ):
-    _flip(data / "part001.tsfile", "s3", 500)  # passes validation; rows [0, 5000) are wrong
+    # passes validation; rows [0, 5000) are wrong
+    flip_value_byte(data / "part001.tsfile", "s3", 500)
     ds = TsFileDataset(data, batch_size=5000, dtype=torch.float64, on_damaged="skip")
     assert ds.skipped == []
     with pytest.raises(TsFileFormatError, match=r"part001\.tsfile: .*on_damaged='skip'"):
@@ -146,8 +138,10 @@ def test_damage_found_while_reading_rows_raises_and_a_rebuild_with_skip_leaves_i
     np.testing.assert_array_equal(_all_rows(again), _expected([0, 2]))
 
 
-def test_damage_found_while_reading_windows_raises_and_a_rebuild_with_skip_leaves_it_out(data):
-    _flip(data / "part001.tsfile", "s3", 500)
+def test_damage_found_while_reading_windows_raises_and_a_rebuild_with_skip_leaves_it_out(
+    data, flip_value_byte
+):
+    flip_value_byte(data / "part001.tsfile", "s3", 500)
     make = lambda: TsFileWindowDataset(  # noqa: E731
         data, CONTEXT, stride=STRIDE, dtype=torch.float64, on_damaged="skip"
     )
@@ -162,8 +156,10 @@ def test_damage_found_while_reading_windows_raises_and_a_rebuild_with_skip_leave
     _check_windows(again, [0, 2])
 
 
-def test_with_raise_a_file_found_damaged_by_a_read_is_read_again_and_raises_again(data):
-    _flip(data / "part001.tsfile", "s3", 500)
+def test_with_raise_a_file_found_damaged_by_a_read_is_read_again_and_raises_again(
+    data, flip_value_byte
+):
+    flip_value_byte(data / "part001.tsfile", "s3", 500)
     for _ in range(2):
         ds = TsFileDataset(data, batch_size=5000, dtype=torch.float64)
         with pytest.raises(TsFileFormatError, match=r"part001\.tsfile: series t\.d1\.s3"):

@@ -74,23 +74,20 @@ def test_a_chmod_while_workers_read_is_not_a_change(live):
     assert _read_passes(loader, _attribute_change(live, "chmod")) == 2 * ROWS
 
 
-def _rewrite_in_place(path: Path, then=None) -> None:
+def _rewrite_in_place(path: Path, flip, then=None) -> None:
     """Flip one value byte in place (same size), maybe ``then()``, and put the mtime back."""
     st = path.stat()
-    data = bytearray(path.read_bytes())
-    data[data.index(b"\x41\x04s1") + 20000] ^= 0xFF
-    with open(path, "r+b") as fh:
-        fh.write(data)
+    flip(path, "s1", 20000)
     if then is not None:
         then()
     os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert path.stat().st_mtime_ns == st.st_mtime_ns and path.stat().st_size == st.st_size
 
 
-def test_a_same_size_rewrite_with_its_mtime_restored_is_a_change(live):
+def test_a_same_size_rewrite_with_its_mtime_restored_is_a_change(live, flip_value_byte):
     ds = _dataset(live)
     with pytest.raises(TsFileFormatError, match=r"part000\.tsfile: file changed while in use \(ct"):
-        _read_passes(ds, lambda: _rewrite_in_place(live))
+        _read_passes(ds, lambda: _rewrite_in_place(live, flip_value_byte))
 
 
 def test_a_chmod_to_the_same_mode_without_a_manifest_is_reported_with_the_manifest_hint(live):
@@ -107,8 +104,11 @@ def test_with_a_manifest_a_chmod_to_the_same_mode_is_settled_by_the_content_hash
     assert _read_passes(ds, lambda: os.chmod(live, mode)) == 2 * ROWS
 
 
-def test_with_a_manifest_a_rewrite_hidden_behind_a_chmod_is_caught_by_the_content_hash(live):
+def test_with_a_manifest_a_rewrite_hidden_behind_a_chmod_is_caught_by_the_content_hash(
+    live, flip_value_byte
+):
     main(["manifest", str(live.parent)])
     ds = _dataset(live)
     with pytest.raises(TsFileFormatError, match=r"ctime changed alone, but the content hash diff"):
-        _read_passes(ds, lambda: _rewrite_in_place(live, then=lambda: os.chmod(live, 0o600)))
+        chmod = lambda: os.chmod(live, 0o600)  # noqa: E731
+        _read_passes(ds, lambda: _rewrite_in_place(live, flip_value_byte, then=chmod))

@@ -28,15 +28,6 @@ def data(tmp_path) -> Path:
     return directory
 
 
-def _flip_value_byte(path: Path, offset: int = 80000) -> None:
-    """Flip one byte inside the first value page of s1, in place (same size): this flip decodes
-    to values off in their last bits, which no statistic catches."""
-    data = bytearray(path.read_bytes())
-    data[data.index(b"\x41\x04s1") + offset] ^= 0xFF
-    with open(path, "r+b") as fh:
-        fh.write(data)
-
-
 def _records(tmp_path) -> list[Path]:
     return sorted((tmp_path / "cache" / "tsfile-torch" / "verified").glob("*/*.json"))
 
@@ -61,16 +52,16 @@ def test_manifest_lists_every_tsfile_under_the_directory_with_size_and_hash(data
         assert entry["hash"] == hashlib.blake2b(content, digest_size=32).hexdigest()
 
 
-def test_a_file_whose_content_differs_from_its_manifest_fails_the_build(data):
+def test_a_file_whose_content_differs_from_its_manifest_fails_the_build(data, flip_value_byte):
     main(["manifest", str(data)])
-    _flip_value_byte(data / "part001.tsfile")
+    flip_value_byte(data / "part001.tsfile", "s1", 80000)
     with pytest.raises(TsFileFormatError, match=r"part001\.tsfile: content differs from the manif"):
         TsFileDataset(data, batch_size=5000)
 
 
-def test_without_a_manifest_the_same_damage_reads_as_wrong_values(data):
+def test_without_a_manifest_the_same_damage_reads_as_wrong_values(data, flip_value_byte):
     """Why manifests exist: this flip passes validation and every statistics check."""
-    _flip_value_byte(data / "part001.tsfile")
+    flip_value_byte(data / "part001.tsfile", "s1", 80000)
     ds = TsFileDataset(data, batch_size=SPEC.num_rows, dtype="float64")
     values = ds[0].numpy()
     rows = np.arange(SPEC.num_rows)
@@ -132,21 +123,21 @@ def test_a_manifest_of_another_algorithm_is_an_error_saying_so(data):
         TsFileDataset(data, batch_size=5000)
 
 
-def test_a_manifest_in_a_parent_directory_applies(data):
+def test_a_manifest_in_a_parent_directory_applies(data, flip_value_byte):
     sub = data / "day2"
     synthetic.write_table_files(sub, SPEC)
     main(["manifest", str(data)])
-    _flip_value_byte(sub / "part000.tsfile")
+    flip_value_byte(sub / "part000.tsfile", "s1", 80000)
     with pytest.raises(TsFileFormatError, match=r"day2/part000\.tsfile: content differs"):
         TsFileDataset(sub, batch_size=5000)
 
 
-def test_verify_checks_files_against_their_manifest(data, capsys):
+def test_verify_checks_files_against_their_manifest(data, capsys, flip_value_byte):
     main(["manifest", str(data)])
     capsys.readouterr()
     assert main(["verify", str(data)]) == 0
     assert "3 against their manifest), 0 damaged" in capsys.readouterr().out
-    _flip_value_byte(data / "part000.tsfile")
+    flip_value_byte(data / "part000.tsfile", "s1", 80000)
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert main(["verify", str(data)]) == 1
