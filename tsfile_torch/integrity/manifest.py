@@ -204,7 +204,9 @@ def check_manifests(sources: Sequence[Source], force: bool = False) -> ManifestC
             out.unlisted.append(source.name)
         else:
             todo.append((source, manifest, entry))
-    with ThreadPoolExecutor(_HASH_THREADS) as pool:
+    if not todo:
+        return out
+    with ThreadPoolExecutor(min(_HASH_THREADS, len(todo))) as pool:
         for problem, identity, source in pool.map(lambda job: _check_one(*job, force), todo):
             out.checked.append(source.name)
             if problem is not None:
