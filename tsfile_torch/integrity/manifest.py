@@ -38,7 +38,6 @@ __all__ = [
     "MANIFEST_NAME",
     "ManifestCheck",
     "check_manifests",
-    "find_manifest",
     "write_manifest",
 ]
 
@@ -155,13 +154,6 @@ class _Manifests:
             self._loaded[manifest] = _load(manifest)
         rel = os.path.relpath(path, os.path.dirname(manifest)).replace(os.sep, "/")
         return manifest, self._loaded[manifest].get(rel)
-
-
-def find_manifest(source: Source) -> tuple[str, bool] | None:
-    """Return ``(manifest path, whether it lists the source)`` or None when none applies."""
-    path = source.local_path()
-    found = _Manifests().lookup(path) if path is not None else None
-    return None if found is None else (found[0], found[1] is not None)
 
 
 @dataclass
