@@ -32,11 +32,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import TsFileFormatError, TsFileTorchError
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.sources import Source
 
-__all__ = ["MODES", "FileProblem", "validate_sources", "check_sources"]
+__all__ = ["MODES", "FileProblem", "check_sources", "damaged_error", "validate_sources"]
 
 MODES = ("headers", "full")
 #: seconds a ``headers`` check of one file may take before the file is reported as hanging
@@ -56,6 +56,15 @@ class FileProblem:
 
     def error(self) -> TsFileFormatError:
         return TsFileFormatError(f"{self.name}: {self.reason}")
+
+    @classmethod
+    def of(cls, name: str, err: BaseException) -> FileProblem:
+        """Return the problem ``err`` describes (its message without the leading file name)."""
+        text = str(err)
+        reason = text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
+        if not isinstance(err, TsFileTorchError):
+            reason = f"{type(err).__name__}: {reason}"
+        return cls(name, reason)
 
 
 def _file_timeout(source: Source, mode: str) -> float:
@@ -149,11 +158,7 @@ def _child(sources: Sequence[Source], mode: str, fd: int) -> None:
         try:
             check(source)
         except Exception as err:  # noqa: BLE001 - in the child, any failure is this file's
-            text = str(err)
-            prefix = f"{source.name}: "
-            reason = text[len(prefix) :] if text.startswith(prefix) else text
-            if not isinstance(err, TsFileFormatError):
-                reason = f"{type(err).__name__}: {reason}"
+            reason = FileProblem.of(source.name, err).reason
         os.write(fd, (json.dumps({"i": i, "reason": reason}) + "\n").encode())
 
 
@@ -336,9 +341,13 @@ def check_sources(sources: Sequence[Source]) -> None:
     """
     problems = validate_sources(sources, "headers")
     if problems:
-        if len(problems) == 1:
-            raise problems[0].error()
-        raise TsFileFormatError(
-            f"{len(problems)} damaged files: "
-            + "; ".join(f"{p.name}: {p.reason}" for p in problems)
-        )
+        raise damaged_error(problems)
+
+
+def damaged_error(problems: Sequence[FileProblem]) -> TsFileFormatError:
+    """Return one TsFileFormatError naming every file in ``problems`` and why."""
+    if len(problems) == 1:
+        return problems[0].error()
+    return TsFileFormatError(
+        f"{len(problems)} damaged files: " + "; ".join(f"{p.name}: {p.reason}" for p in problems)
+    )
