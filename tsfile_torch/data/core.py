@@ -24,6 +24,7 @@ state is its latest pass in the calling process (each DataLoader worker has its 
 
 from __future__ import annotations
 
+import math
 import os
 import warnings
 from collections.abc import Iterator, Sequence
@@ -41,7 +42,7 @@ from tsfile_torch.catalog.build import (
     read_metadata,
 )
 from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
-from tsfile_torch.integrity.checks import CellSums
+from tsfile_torch.integrity.checks import CELL_ROWS, CellSums
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.screen import leave_out, screen_sources
 from tsfile_torch.native.backend import check_backend
@@ -171,7 +172,11 @@ class DatasetCore:
         self.catalog = catalog
         self.tables = tables
         #: sums of decoded cells, shared with workers (Note: cell sums)
-        self._cells = CellSums(catalog) if self.options.check_statistics else None
+        self._cells = (
+            CellSums(catalog, math.gcd(CELL_ROWS, self.block_rows, *self._decode_grid()))
+            if self.options.check_statistics
+            else None
+        )
         _warn_inexact_integers(catalog, self.options.dtype)
         #: Applied to every value read (``normalize=``); hand it to a validation dataset.
         self.normalizer: Normalizer | None = make_normalizer(
@@ -239,6 +244,10 @@ class DatasetCore:
         if tud.get_worker_info() is not None:
             return 1
         return max(1, min(4, os.cpu_count() or 1))
+
+    def _decode_grid(self) -> tuple[int, ...]:
+        """Return row counts every decode boundary is a multiple of, besides ``block_rows``."""
+        return ()
 
     @property
     def block_rows(self) -> int:

@@ -174,6 +174,9 @@ class _Rows(DatasetCore):
     def _table_names(self, table: int) -> list[str]:
         return self.columns
 
+    def _decode_grid(self) -> tuple[int, ...]:
+        return (self.batch_size,)  # workers' stretches start at batch boundaries
+
     @property
     def checks_epoch_sums(self) -> bool:
         """Whether a full epoch hands out every row exactly once, as metadata sums describe."""

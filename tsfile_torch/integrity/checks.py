@@ -36,6 +36,7 @@ nulls).
 
 from __future__ import annotations
 
+import logging
 import threading
 from multiprocessing import sharedctypes
 
@@ -44,17 +45,19 @@ import numpy as np
 from tsfile_torch.catalog.build import Catalog, ReadGroup
 from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
 
+logger = logging.getLogger(__name__)
+
 __all__ = ["CELL_ROWS", "CellSums", "EpochSums", "StatisticsCheck"]
 
 
 #: Rows per cell of :class:`CellSums` (the timeline index's stride).
 CELL_ROWS = 1024
-#: Cells x columns beyond which sums are kept per process only (8 bytes each: 64 MiB).
+#: Cells x columns beyond which the per-series sums are not checked (8 bytes each: 64 MiB).
 MAX_SHARED_CELLS = 8 << 20
 
 
 class CellSums:
-    """Note: cell sums. Column sums of every read group in cells of :data:`CELL_ROWS` rows,
+    """Note: cell sums. Column sums of every read group in cells of ``cell_rows`` rows,
     in shared memory (the dataset creates it before workers start; pickled into them while
     they are started), so that each row is counted once across all processes of a loader.
 
@@ -64,11 +67,14 @@ class CellSums:
     out: overlapping window blocks, shuffled or random reads, any number of workers.
     """
 
-    def __init__(self, catalog: Catalog):
+    def __init__(self, catalog: Catalog, cell_rows: int = CELL_ROWS):
+        #: rows per cell: a divisor of every boundary the readers decode at (block starts,
+        #: workers' stretches), so that cells are whole in some process
+        self.cell_rows = cell_rows
         self.groups = [
             gi for gi, g in enumerate(catalog.groups) if any(s.sum is not None for s in g.shards)
         ]
-        cells = {gi: -(-catalog.groups[gi].num_rows // CELL_ROWS) for gi in self.groups}
+        cells = {gi: -(-catalog.groups[gi].num_rows // cell_rows) for gi in self.groups}
         widths = {gi: len(catalog.groups[gi].columns) for gi in self.groups}
         self.cell_start, self.sum_start = {}, {}
         n_cells = n_sums = 0
@@ -76,8 +82,12 @@ class CellSums:
             self.cell_start[gi], self.sum_start[gi] = n_cells, n_sums
             n_cells += cells[gi]
             n_sums += cells[gi] * widths[gi]
-        self.shared = n_sums <= MAX_SHARED_CELLS
-        make = sharedctypes.RawArray if self.shared else lambda kind, n: np.zeros(n, kind)
+        if n_sums > MAX_SHARED_CELLS:  # too fine a grid for memory: no sum checks
+            logger.debug("sum checks off: %d cells x columns over %d", n_sums, MAX_SHARED_CELLS)
+            self.groups, self.cell_start, self.sum_start = [], {}, {}
+            n_cells = n_sums = 0
+        self.shared = True
+        make = sharedctypes.RawArray
         self._done = make("b", max(n_cells, 1))
         self._sums = make("d", max(n_sums, 1))
         self._checked = make("b", max(len(catalog.groups), 1))
@@ -216,34 +226,35 @@ class StatisticsCheck:
     def _add_cells(self, gi: int, group: ReadGroup, start: int, values: np.ndarray) -> None:
         """Add the cells rows ``[start, start + n)`` cover completely (Note: cell sums)."""
         done, sums, checked = self.cells.arrays()
+        rows = self.cells.cell_rows
         if checked[gi]:
             return
         n = values.shape[1]
-        first = -(-start // CELL_ROWS)  # first cell starting inside the rows
+        first = -(-start // rows)  # first cell starting inside the rows
         stop = start + n
-        last = stop // CELL_ROWS if stop < group.num_rows else -(-stop // CELL_ROWS)
+        last = stop // rows if stop < group.num_rows else -(-stop // rows)
         if last <= first:
             return
         k = values.shape[0]
         base = self.cells.cell_start[gi]
-        a = first * CELL_ROWS - start  # the covered cells' rows, relative to values
-        b = min(last * CELL_ROWS, stop) - start
-        full = (b - a) // CELL_ROWS  # whole cells (all but maybe the group's short last one)
-        part = values[:, a : a + full * CELL_ROWS].reshape(k, full, CELL_ROWS)
+        a = first * rows - start  # the covered cells' rows, relative to values
+        b = min(last * rows, stop) - start
+        full = (b - a) // rows  # whole cells (all but maybe the group's short last one)
+        part = values[:, a : a + full * rows].reshape(k, full, rows)
         cell_sums = np.empty((last - first, k))
         cell_sums[:full] = part.sum(axis=2, dtype=np.float64).T
         if full < last - first:
-            cell_sums[full] = values[:, a + full * CELL_ROWS : b].sum(axis=1, dtype=np.float64)
+            cell_sums[full] = values[:, a + full * rows : b].sum(axis=1, dtype=np.float64)
         bad = np.isnan(cell_sums)
         if bad.any():  # nulls: sum the cells holding them again, skipping NaN
             for c, j in zip(*np.nonzero(bad), strict=True):
-                lo = a + c * CELL_ROWS
-                row = values[j, lo : min(lo + CELL_ROWS, b)]
+                lo = a + c * rows
+                row = values[j, lo : min(lo + rows, b)]
                 cell_sums[c, j] = np.nansum(row, dtype=np.float64)
         s0 = self.cells.sum_start[gi]
         sums[s0 + first * k : s0 + last * k] = cell_sums.ravel()
         done[base + first : base + last] = 1
-        cells = -(-group.num_rows // CELL_ROWS)
+        cells = -(-group.num_rows // rows)
         if done[base : base + cells].all():
             with self._lock:
                 if not checked[gi]:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from tsfile_torch.errors import TsFileFormatError, TsFileTorchError
 from tsfile_torch.native.forkfix import fork_safe
-from tsfile_torch.sources import Source
+from tsfile_torch.sources import FileObject, Source
 
 __all__ = ["MODES", "FileProblem", "check_sources", "damaged_error", "validate_sources"]
 
@@ -83,11 +83,12 @@ def _check_headers(source: Source) -> None:
     from tsfile_torch.catalog.build import build_catalog
     from tsfile_torch.native.backend import open_reader
 
-    catalog = build_catalog([source], shared_timeline=False)
-    info = catalog.files[0]
     with source.metadata_target() as target:  # a URL: range reads, no download
+        # one opened target for the metadata and the first rows (a URL's blocks fetched once)
+        probe = source if isinstance(target, str) else FileObject(target, shown=source.name)
+        catalog = build_catalog([probe], shared_timeline=False)
         reader, _ = open_reader(target, "pread", check_mapped=False, name=source.name)
-        _check_first_rows(reader, catalog, info)
+        _check_first_rows(reader, catalog, catalog.files[0])
 
 
 def _check_first_rows(reader, catalog, info) -> None:

@@ -18,6 +18,7 @@ device t.d0, rows [0, 131072) via mmap>"``.
 from __future__ import annotations
 
 import faulthandler
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -72,11 +73,15 @@ def native_call(
         ) from err
 
 
-_FRAME = "def _reading(fn, args, kwargs):\n    return fn(*args, **kwargs)\n"
+def _reading(fn, args, kwargs):
+    return fn(*args, **kwargs)
 
 
 def _in_named_frame(what: str, fn, args, kwargs):
-    """Return ``fn(*args, **kwargs)`` called in a frame named after ``what`` (a crash report)."""
-    namespace: dict = {}
-    exec(compile(_FRAME, f"<tsfile-torch was reading {what}>", "exec"), namespace)
-    return namespace["_reading"](fn, args, kwargs)
+    """Return ``fn(*args, **kwargs)`` called in a frame named after ``what`` (a crash report).
+
+    The frame's code is ``_reading``'s with another file name (``CodeType.replace``): no
+    compilation per call.
+    """
+    code = _reading.__code__.replace(co_filename=f"<tsfile-torch was reading {what}>")
+    return types.FunctionType(code, {})(fn, args, kwargs)

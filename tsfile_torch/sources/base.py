@@ -213,10 +213,12 @@ class FileObject(Source):
     """A seekable binary file object; read through tsfile's Python callbacks (never mapped)."""
 
     fileobj: Any = field(repr=False)
+    #: what messages call it (default: the file object's name)
+    shown: str | None = None
 
     @property
     def name(self) -> str:  # type: ignore[override]
-        name = getattr(self.fileobj, "name", None)
+        name = self.shown or getattr(self.fileobj, "name", None)
         return name if isinstance(name, str) else f"<{type(self.fileobj).__name__} object>"
 
     @property
