@@ -184,7 +184,11 @@ class DatasetCore:
         several = len(timelines_of(catalog, columns)) > 1
         if several and self.options.align is not None:
             alignment = Alignment.build(
-                catalog, columns, self.options.align, self.options.fill, self._new_reader
+                catalog,
+                columns,
+                self.options.align,
+                getattr(self, "_align_fill", self.options.fill),
+                self._new_reader,
             )
             if not alignment.identical:  # else positional rows: the fast path
                 return Table(columns, alignment.num_rows, alignment)

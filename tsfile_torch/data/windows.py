@@ -31,8 +31,9 @@ import torch.utils.data as tud
 
 from tsfile_torch.catalog.build import device_name, lay_out, subset_catalog
 from tsfile_torch.data.core import DatasetCore
+from tsfile_torch.data.features import check_time_features, fill_missing, time_features
 from tsfile_torch.errors import SchemaError
-from tsfile_torch.options import ReadOptions, check_int
+from tsfile_torch.options import ReadOptions, check_bool, check_int
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
@@ -59,13 +60,17 @@ class WindowBatch(Sequence):
     :func:`collate_windows` hands the stacked tensors over as they are.
     """
 
-    def __init__(self, parts: tuple[torch.Tensor, ...]):
+    def __init__(self, parts: tuple[torch.Tensor, ...], keys: tuple[str, ...] | None = None):
         self.parts = parts
+        #: names of the parts when items are dicts (``return_dict=True``)
+        self.keys = keys
 
     def __len__(self) -> int:
         return len(self.parts[0])
 
     def __getitem__(self, i):
+        if self.keys is not None:
+            return {key: p[i] for key, p in zip(self.keys, self.parts, strict=True)}
         if len(self.parts) == 1:
             return self.parts[0][i]
         return tuple(p[i] for p in self.parts)
@@ -74,10 +79,12 @@ class WindowBatch(Sequence):
 def collate_windows(batch):
     """``collate_fn`` for window batches: stacked tensors without a Python object per window.
 
-    A :class:`WindowBatch` becomes ``x`` or the tuple ``(x, y, ...)`` of batched tensors;
-    anything else goes to ``default_collate``.
+    A :class:`WindowBatch` becomes ``x``, the tuple ``(x, y, ...)`` or (``return_dict=True``)
+    the dict of batched tensors; anything else goes to ``default_collate``.
     """
     if isinstance(batch, WindowBatch):
+        if batch.keys is not None:
+            return dict(zip(batch.keys, batch.parts, strict=True))
         return batch.parts[0] if len(batch.parts) == 1 else batch.parts
     return tud.default_collate(batch)
 
@@ -133,9 +140,23 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         shuffle: ``True`` means ``order="shuffle"``.
         seed, drop_last, shuffle_blocks, rank, world_size: as for the row datasets.
         num_samples: windows per epoch of ``order="random"``.
+        return_dict: items are dicts in Hugging Face's naming instead of tuples:
+            ``past_values`` (context, columns), ``past_observed_mask`` (1.0 where a value was
+            read, 0.0 where it is null or an alignment gap), ``past_time`` (int64), the same
+            ``future_*`` for the horizon and targets (none with ``horizon=0``), ``device_id``
+            (int64 index into :attr:`devices`) and ``static_categorical_features`` (int64 code
+            of each tag value of the device, per tag level: an index into :attr:`tag_vocab`).
+            Batched by :func:`collate_windows` into a dict of stacked tensors.
+        time_features: with ``return_dict``, calendar features of the timestamps (in
+            ``time_unit``) as ``past_time_features`` / ``future_time_features``, shape
+            (steps, len(time_features)), GluonTS's encoding in [-0.5, 0.5]; names from
+            :data:`~tsfile_torch.data.features.TIME_FEATURES` (``"hour_of_day"``...).
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``read_backend``,
-            ``dtype``, ``normalize`` (per field, every device alike), ``align`` / ``fill`` (for
-            fields of one device with different timestamps), ``cache``, ``cache_bytes`` (the
+            ``dtype``, ``normalize`` (per field, every device alike), ``align`` (for fields of one
+            device with different timestamps), ``fill`` (``"zero"`` / ``"ffill"`` fill nulls
+            and alignment gaps; ffill carries values within a window only with
+            ``return_dict``, where alignment leaves gaps to the window so masks stay exact),
+            ``cache``, ``cache_bytes`` (the
             window-block cache, default 256 MiB), ``block_rows`` (default 32,768),
             ``start_time`` / ``end_time``, ``storage_options``, ``validate``...).
 
@@ -166,9 +187,19 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         num_samples: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        return_dict: bool = False,
+        time_features: Sequence[str] | None = None,
         **read_options,
     ):
         read = ReadOptions(**read_options)
+        self.return_dict = check_bool("return_dict", return_dict)
+        self.time_features = check_time_features(time_features)
+        if self.time_features and not self.return_dict:
+            raise ValueError(
+                "time_features are part of dict items: pass return_dict=True with time_features"
+            )
+        # dict items carry observed masks: alignment leaves gaps NaN, the window fills them
+        self._align_fill = "nan" if self.return_dict else read.fill
         self.context_length = check_int("context_length", context_length, 1, 2**40)
         self.horizon = check_int("horizon", horizon, 0, 2**40)
         self.stride = check_int("stride", stride, 1, 2**40)
@@ -180,9 +211,11 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         meta = self._setup(sources, read, spec, rank, world_size)
 
         fields_of: dict[str, dict[str, str]] = {}  # device -> field -> column name
+        device_of: dict[str, tuple] = {}  # device name -> (table, tag values...)
         for col in meta.numeric:
             shard = col.shards[0]
             fields_of.setdefault(device_name(shard.device), {})[shard.measurement] = col.name
+            device_of[device_name(shard.device)] = tuple(shard.device)
         names = _match_devices(list(fields_of), patterns)
         if columns is None:
             shared = [f for f in fields_of[names[0]] if all(f in fields_of[d] for d in names)]
@@ -233,6 +266,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             for k, d in enumerate(names)
         ]
         self._devices = names
+        self._set_tags([device_of[d] for d in names])
         self._x_pos = [self.fields.index(f) for f in self.columns_x]
         self._y_pos = [self.fields.index(f) for f in self.targets]
         length = self.context_length + self.horizon
@@ -262,6 +296,18 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
 
     def __len__(self) -> int:
         return int(self._first[-1])
+
+    def _set_tags(self, devices: list[tuple]) -> None:
+        """Code each device's tag values (table model: the values after the table name)."""
+        levels = max(len(d) - 1 for d in devices)
+        tags = [[str(v) if v is not None else "" for v in d[1:]] for d in devices]
+        tags = [t + [""] * (levels - len(t)) for t in tags]
+        #: per tag level (schema order), its values; a code is an index into this list
+        self.tag_vocab: list[list[str]] = [sorted({t[j] for t in tags}) for j in range(levels)]
+        self._tag_codes = np.array(
+            [[self.tag_vocab[j].index(t[j]) for j in range(levels)] for t in tags],
+            dtype=np.int64,
+        ).reshape(len(devices), levels)
 
     def window_counts(self) -> dict[str, int]:
         """Windows per device."""
@@ -325,9 +371,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         steps = np.arange(length)
         dtype = np.float64 if self.options.dtype == "float64" else np.float32
         values = _batch_array((len(k), length, len(self.fields)), dtype)
-        times = (
-            np.empty((len(k), length), dtype=np.int64) if self.options.return_timestamps else None
-        )
+        keep_times = self.options.return_timestamps or self.return_dict
+        times = np.empty((len(k), length), dtype=np.int64) if keep_times else None
         store = self._memory()
         if store is not None:  # every device kept whole, in one array: one gather
             for dk in np.unique(k):
@@ -336,7 +381,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             np.take(store.values, pick, axis=0, out=values)
             if times is not None:
                 times[:] = store.times[pick]
-            return self._items(values, times)
+            return self._items(values, times, k)
         first_block = row // self.block_rows
         key = k * (1 << 40) + first_block
         order = np.argsort(key, kind="stable")
@@ -352,10 +397,17 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             values[members] = block_values[pick]
             if times is not None:
                 times[members] = block_times[pick]
-        return self._items(values, times)
+        return self._items(values, times, k)
 
-    def _items(self, values: np.ndarray, times: np.ndarray | None) -> WindowBatch:
+    def _items(self, values: np.ndarray, times: np.ndarray | None, k: np.ndarray) -> WindowBatch:
         c = self.context_length
+        missing = np.isnan(values) if self.return_dict or self.options.fill != "nan" else None
+        if missing is not None:
+            # before a window's first value ffill has nothing to carry: tuples keep NaN there
+            # (as align's ffill before a series' first sample), dict items 0 (masked)
+            fill_missing(values, missing, self.options.fill, 0.0 if self.return_dict else np.nan)
+        if self.return_dict:
+            return self._dict_items(values, times, k, missing)
         identity = self._x_pos == list(range(len(self.fields)))
         x = torch.from_numpy(values[:, :c] if identity else values[:, :c, self._x_pos])
         parts = [x]
@@ -370,6 +422,40 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             stamps = torch.from_numpy(times)
             parts += [stamps[:, :c], stamps[:, c:]] if self.horizon else [stamps]
         return WindowBatch(tuple(parts))
+
+    def _dict_items(
+        self, values: np.ndarray, times: np.ndarray, k: np.ndarray, missing: np.ndarray
+    ) -> WindowBatch:
+        """Return the windows as Hugging Face style dict items (``return_dict=True``)."""
+        c, out_dtype = self.context_length, getattr(torch, self.options.dtype)
+        observed = torch.from_numpy(~missing).to(out_dtype)
+        whole = torch.from_numpy(values).to(out_dtype)
+        stamps = torch.from_numpy(times)
+        feats = (
+            torch.from_numpy(time_features(times, self.time_features, self.options.time_unit))
+            if self.time_features
+            else None
+        )
+        keys, parts = [], []
+
+        def add(key, tensor):
+            keys.append(key)
+            parts.append(tensor)
+
+        for side, steps, pos in (
+            ("past", slice(None, c), self._x_pos),
+            ("future", slice(c, None), self._y_pos),
+        ):
+            if side == "future" and not self.horizon:
+                break
+            add(f"{side}_values", whole[:, steps][..., pos])
+            add(f"{side}_observed_mask", observed[:, steps][..., pos])
+            add(f"{side}_time", stamps[:, steps])
+            if feats is not None:
+                add(f"{side}_time_features", feats[:, steps])
+        add("device_id", torch.from_numpy(np.asarray(k, dtype=np.int64)))
+        add("static_categorical_features", torch.from_numpy(self._tag_codes[k]))
+        return WindowBatch(tuple(parts), tuple(keys))
 
     # -- blocks -----------------------------------------------------------------------------
     def _reader_overrides(self) -> dict:

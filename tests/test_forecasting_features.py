@@ -1,0 +1,264 @@
+"""Forecasting items (issue 15): dict items, masks, fills, codes, time features, scaling.
+
+One real TsFile written through tsfile's table writer (``write_dataframe``): a table with two
+tag levels (site, unit), three devices of very different lengths, sampling and scales,
+timestamps from before 1970, and nulls in each field. Every expected value below is computed
+from the DataFrame that was written, with pandas / numpy only.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from tsfile_torch import TsFileWindowDataset, collate_windows, make_loader
+from tsfile_torch.convert import write_dataframe
+
+HOUR = 3_600_000
+#: (site, unit, rows, step in ms, first timestamp in ms, scale, offset)
+DEVICES = [
+    ("north", "kw", 240, HOUR, -72 * HOUR - 17 * 60_000, 1.0, 0.0),
+    ("north", "mw", 500, 17 * 60_000, -10 * HOUR, 1000.0, 5000.0),
+    ("south", "kw", 90, 24 * HOUR, -40 * 24 * HOUR, 0.01, -3.0),
+]
+FEATURES = [
+    "hour_of_day",
+    "day_of_week",
+    "day_of_month",
+    "day_of_year",
+    "month_of_year",
+    "minute_of_hour",
+]
+
+
+def _frame() -> pd.DataFrame:
+    rng = np.random.default_rng(15)
+    parts = []
+    for site, unit, n, step, first, scale, offset in DEVICES:
+        load = rng.normal(size=n) * scale + offset
+        temp = rng.normal(size=n) * scale * 2 - offset
+        holes = rng.random(n) < 0.15
+        load[holes] = np.nan
+        temp[~holes & (rng.random(n) < 0.1)] = np.nan  # never both null in one row
+        parts.append(
+            pd.DataFrame(
+                {
+                    "time": first + step * np.arange(n, dtype=np.int64),
+                    "site": site,
+                    "unit": unit,
+                    "load": load,
+                    "temp": temp,
+                }
+            )
+        )
+    return pd.concat(parts, ignore_index=True)
+
+
+@pytest.fixture(scope="module")
+def panel(tmp_path_factory):
+    """(path, DataFrame written, per-device frames in device order)."""
+    df = _frame()
+    path = tmp_path_factory.mktemp("forecast") / "panel.tsfile"
+    write_dataframe(df, path, table="plant", tags=["site", "unit"])
+    per_device = [
+        df[(df.site == s) & (df.unit == u)].sort_values("time").reset_index(drop=True)
+        for s, u, *_ in DEVICES
+    ]
+    return path, df, per_device
+
+
+def _expected_windows(per_device, context, horizon, stride=1):
+    """Every window as (device, first row), device by device, as the dataset numbers them."""
+    return [
+        (k, start)
+        for k, frame in enumerate(per_device)
+        for start in range(0, len(frame) - context - horizon + 1, stride)
+    ]
+
+
+def _calendar(stamps_ms: np.ndarray) -> np.ndarray:
+    """GluonTS's time features, computed by pandas."""
+    index = pd.DatetimeIndex(pd.to_datetime(stamps_ms, unit="ms", utc=True))
+    return np.stack(
+        [
+            index.hour / 23.0 - 0.5,
+            index.day_of_week / 6.0 - 0.5,
+            (index.day - 1) / 30.0 - 0.5,
+            (index.day_of_year - 1) / 365.0 - 0.5,
+            (index.month - 1) / 11.0 - 0.5,
+            index.minute / 59.0 - 0.5,
+        ],
+        axis=-1,
+    )
+
+
+def _all(ds) -> dict[str, torch.Tensor]:
+    return collate_windows(ds.__getitems__(list(range(len(ds)))))
+
+
+@pytest.mark.parametrize("fill", ["nan", "zero", "ffill"])
+def test_dict_items_match_the_written_frame(panel, fill):
+    path, _, per_device = panel
+    context, horizon = 6, 3
+    ds = TsFileWindowDataset(
+        path,
+        context,
+        horizon,
+        columns=["load", "temp"],
+        targets=["load"],
+        return_dict=True,
+        time_features=FEATURES,
+        fill=fill,
+        dtype=torch.float64,
+        block_rows=50,
+    )
+    assert ds.devices == ["plant.north.kw", "plant.north.mw", "plant.south.kw"]
+    assert ds.tag_vocab == [["north", "south"], ["kw", "mw"]]
+    windows = _expected_windows(per_device, context, horizon)
+    assert len(ds) == len(windows)
+    batch = _all(ds)
+    codes = {"north": 0, "south": 1, "kw": 0, "mw": 1}
+    expected: dict[str, list] = {}
+    for k, start in windows:
+        frame = per_device[k].iloc[start : start + context + horizon]
+        raw = frame[["load", "temp"]]
+        filled = {"zero": raw.fillna(0.0), "ffill": raw.ffill().fillna(0.0), "nan": raw}[fill]
+        parts = {
+            "values": filled.to_numpy(),
+            "observed_mask": raw.notna().to_numpy(dtype=np.float64),
+            "time": frame.time.to_numpy(),
+            "time_features": _calendar(frame.time.to_numpy()),
+        }
+        for name, array in parts.items():
+            past, future = array[:context], array[context:]
+            if name in ("values", "observed_mask"):
+                future = future[:, :1]  # targets=["load"]
+            expected.setdefault(f"past_{name}", []).append(past)
+            expected.setdefault(f"future_{name}", []).append(future)
+        site, unit = DEVICES[k][:2]
+        expected.setdefault("device_id", []).append(k)
+        expected.setdefault("static_categorical_features", []).append([codes[site], codes[unit]])
+    assert set(batch) == set(expected)
+    for key, rows in expected.items():
+        atol = 1e-6 if key.endswith("time_features") else 0
+        np.testing.assert_allclose(batch[key].numpy(), np.array(rows), rtol=0, atol=atol)
+    assert batch["device_id"].dtype == batch["past_time"].dtype == torch.int64
+    assert batch["static_categorical_features"].dtype == torch.int64
+
+
+def test_dict_batches_through_make_loader_are_stacked_tensors(panel):
+    path, _, per_device = panel
+    ds = TsFileWindowDataset(
+        path, 8, 2, return_dict=True, time_features=["hour_of_day"], fill="zero"
+    )
+    seen = 0
+    for batch in make_loader(ds, batch_size=64, num_workers=2):
+        assert isinstance(batch, dict)
+        n = len(batch["device_id"])
+        assert batch["past_values"].shape == (n, 8, 2)
+        assert batch["future_observed_mask"].shape == (n, 2, 2)
+        assert batch["past_time_features"].shape == (n, 8, 1)
+        assert batch["static_categorical_features"].shape == (n, 2)
+        assert not torch.isnan(batch["past_values"]).any()
+        seen += n
+    assert seen == len(ds) == len(_expected_windows(per_device, 8, 2))
+
+
+def test_single_item_is_a_dict_and_default_collate_agrees(panel):
+    path, *_ = panel
+    ds = TsFileWindowDataset(path, 4, 1, return_dict=True)
+    item = ds[7]
+    assert set(item) == {
+        "past_values",
+        "past_observed_mask",
+        "past_time",
+        "future_values",
+        "future_observed_mask",
+        "future_time",
+        "device_id",
+        "static_categorical_features",
+    }
+    batch = ds.__getitems__([3, 7, 300])
+    ours, theirs = collate_windows(batch), torch.utils.data.default_collate(list(batch))
+    for key in ours:
+        torch.testing.assert_close(ours[key], theirs[key], equal_nan=True)
+
+
+def test_horizon_zero_has_no_future_keys(panel):
+    path, *_ = panel
+    item = TsFileWindowDataset(path, 4, return_dict=True)[0]
+    assert not any(key.startswith("future") for key in item)
+
+
+def test_fill_applies_to_nulls_on_the_tuple_route_too(panel):
+    path, _, per_device = panel
+    ds = TsFileWindowDataset(path, 5, 0, fill="zero", dtype=torch.float64)
+    x = collate_windows(ds.__getitems__(list(range(len(ds)))))
+    expected = [
+        per_device[k][["load", "temp"]].iloc[s : s + 5].fillna(0.0).to_numpy()
+        for k, s in _expected_windows(per_device, 5, 0)
+    ]
+    np.testing.assert_array_equal(x.numpy(), np.stack(expected))
+
+
+def test_time_features_in_seconds(tmp_path):
+    stamps = np.array([-86_400 * 400 - 3661, -1, 0, 59, 3600 * 25 + 61, 10**9], dtype=np.int64)
+    df = pd.DataFrame({"time": stamps, "v": np.arange(len(stamps), dtype=np.float64)})
+    write_dataframe(df, tmp_path / "s.tsfile", table="t", time_unit="s")
+    ds = TsFileWindowDataset(
+        tmp_path / "s.tsfile", 6, return_dict=True, time_features=FEATURES, time_unit="s"
+    )
+    got = ds[0]["past_time_features"].numpy()
+    np.testing.assert_allclose(got, _calendar(stamps * 1000), atol=1e-6)
+    assert ds.tag_vocab == [] and ds[0]["static_categorical_features"].shape == (0,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"time_features": ["hour"]}, ValueError, "unknown feature 'hour'"),
+        ({"time_features": "hour_of_day"}, TypeError, "list of feature names"),
+        ({"return_dict": 1}, TypeError, "return_dict should be True or False"),
+    ],
+)
+def test_bad_dict_arguments_are_refused(panel, kwargs, error, match):
+    path, *_ = panel
+    kwargs = {"return_dict": True, **kwargs}
+    with pytest.raises(error, match=match):
+        TsFileWindowDataset(path, 4, 1, **kwargs)
+
+
+def test_time_features_without_dict_items_are_refused(panel):
+    path, *_ = panel
+    with pytest.raises(ValueError, match="return_dict=True"):
+        TsFileWindowDataset(path, 4, 1, time_features=["hour_of_day"])
+
+
+def test_aligned_gaps_are_masked_and_filled_within_the_window(tmp_path):
+    from tsfile_torch import synthetic
+
+    a_times, b_times = np.arange(0, 40, 2), np.arange(1, 41, 3)
+    synthetic.write_tree_series(
+        tmp_path / "pair.tsfile",
+        {"root.sg.d1": {"a": (a_times, a_times * 10.0), "b": (b_times, b_times * 100.0 + 1)}},
+    )
+    ds = TsFileWindowDataset(
+        tmp_path, 5, 1, align="union", fill="ffill", return_dict=True, dtype=torch.float64
+    )
+    union = np.union1d(a_times, b_times)
+    frame = pd.DataFrame(index=union)
+    frame["a"] = pd.Series(a_times * 10.0, index=a_times)
+    frame["b"] = pd.Series(b_times * 100.0 + 1, index=b_times)
+    batch = _all(ds)
+    assert len(ds) == len(union) - 5
+    for i in range(len(ds)):
+        window = frame.iloc[i : i + 6]
+        values = window.ffill().fillna(0.0).to_numpy()
+        mask = window.notna().to_numpy(dtype=np.float64)
+        np.testing.assert_array_equal(batch["past_values"][i].numpy(), values[:5])
+        np.testing.assert_array_equal(batch["past_observed_mask"][i].numpy(), mask[:5])
+        np.testing.assert_array_equal(batch["future_values"][i].numpy(), values[5:])
+        np.testing.assert_array_equal(batch["future_observed_mask"][i].numpy(), mask[5:])
+        np.testing.assert_array_equal(batch["past_time"][i].numpy(), union[i : i + 5])
