@@ -262,3 +262,82 @@ def test_aligned_gaps_are_masked_and_filled_within_the_window(tmp_path):
         np.testing.assert_array_equal(batch["future_values"][i].numpy(), values[5:])
         np.testing.assert_array_equal(batch["future_observed_mask"][i].numpy(), mask[5:])
         np.testing.assert_array_equal(batch["past_time"][i].numpy(), union[i : i + 5])
+
+
+CUT = 30 * HOUR  # end_time of the "training" range: every device has rows on both sides
+
+
+def _in_range(per_device, end_time):
+    return [frame[frame.time <= end_time] for frame in per_device]
+
+
+@pytest.mark.parametrize("method", ["standard", "minmax"])
+def test_device_statistics_come_from_each_devices_rows_in_range(panel, method):
+    path, _, per_device = panel
+    ds = TsFileWindowDataset(
+        path,
+        6,
+        2,
+        normalize=method,
+        normalize_by="device",
+        end_time=CUT,
+        return_dict=True,
+        dtype=torch.float64,
+    )
+    norm = ds.normalizer
+    assert norm.devices == tuple(ds.devices) and norm.device_fields == ("load", "temp")
+    shift = np.asarray(norm.shift).reshape(3, 2)
+    scale = np.asarray(norm.scale).reshape(3, 2)
+    for k, frame in enumerate(_in_range(per_device, CUT)):
+        for j, field in enumerate(["load", "temp"]):
+            series = frame[field].dropna()
+            if method == "standard":
+                want = (series.mean(), series.std(ddof=0))
+            else:
+                want = (series.min(), series.max() - series.min())
+            np.testing.assert_allclose((shift[k, j], scale[k, j]), want, rtol=1e-12)
+    batch = _all(ds)
+    frames = _in_range(per_device, CUT)
+    for i, (k, start) in enumerate(_expected_windows(frames, 6, 2)):
+        raw = frames[k][["load", "temp"]].iloc[start : start + 8].to_numpy()
+        scaled = (raw - shift[k]) / scale[k]
+        np.testing.assert_allclose(batch["past_values"][i].numpy(), scaled[:6], rtol=1e-12)
+        np.testing.assert_allclose(batch["future_values"][i].numpy(), scaled[6:], rtol=1e-12)
+    back = norm.inverse(batch["future_values"], batch["device_id"])
+    expected = np.stack(
+        [
+            frames[k][["load", "temp"]].iloc[s + 6 : s + 8].to_numpy()
+            for k, s in _expected_windows(frames, 6, 2)
+        ]
+    )
+    np.testing.assert_allclose(back.numpy(), expected, rtol=1e-12, atol=1e-9)
+    one = norm.inverse(batch["future_values"][0].numpy(), "plant.north.kw")
+    np.testing.assert_allclose(one, expected[0], rtol=1e-12, atol=1e-9)
+
+
+def test_column_statistics_ignore_rows_after_end_time(panel):
+    path, _, per_device = panel
+    ds = TsFileWindowDataset(path, 6, 2, normalize="minmax", end_time=CUT)
+    rows = pd.concat(_in_range(per_device, CUT))
+    lo, hi = rows.load.min(), rows.load.max()
+    assert ds.normalizer.fields == ("load", "temp")
+    np.testing.assert_allclose((ds.normalizer.shift[0], ds.normalizer.scale[0]), (lo, hi - lo))
+
+
+def test_a_validation_dataset_takes_the_training_devices_numbers(panel):
+    path, *_ = panel
+    train = TsFileWindowDataset(
+        path, 6, 2, normalize="standard", normalize_by="device", end_time=CUT
+    )
+    valid = TsFileWindowDataset(path, 6, 2, normalize=train.normalizer, start_time=CUT + 1)
+    assert valid.normalize_by == "device" and valid.normalizer is train.normalizer
+    with pytest.raises(ValueError, match="DeviceNormalizer"):
+        TsFileWindowDataset(
+            path,
+            6,
+            2,
+            normalize=TsFileWindowDataset(path, 6, 2, normalize="minmax").normalizer,
+            normalize_by="device",
+        )
+    with pytest.raises(ValueError, match="normalize_by must be one of"):
+        TsFileWindowDataset(path, 6, 2, normalize="minmax", normalize_by="series")

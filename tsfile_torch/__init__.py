@@ -26,6 +26,7 @@ _PUBLIC = {
     "WindowInfo": "tsfile_torch.data.windows",
     "collate_windows": "tsfile_torch.data.windows",
     "Normalizer": "tsfile_torch.data.normalize",
+    "DeviceNormalizer": "tsfile_torch.data.normalize",
     "MappingError": "tsfile_torch.errors",
     "RemoteError": "tsfile_torch.errors",
     "SchemaError": "tsfile_torch.errors",

@@ -169,10 +169,12 @@ class DatasetCore:
         self._cells = CellSums(catalog) if self.options.check_statistics else None
         _warn_inexact_integers(catalog, self.options.dtype)
         #: Applied to every value read (``normalize=``); hand it to a validation dataset.
-        self.normalizer: Normalizer | None = make_normalizer(
-            self.options.normalize, list(names), lambda exact: self.stats(exact)
-        )
+        self.normalizer: Normalizer | None = self._make_normalizer(list(names))
         self.close()  # readers used while building are not carried into workers
+
+    def _make_normalizer(self, names: list[str]) -> Normalizer | None:
+        """Resolve ``normalize=`` for values named ``names`` (statistics of the rows in range)."""
+        return make_normalizer(self.options.normalize, names, lambda exact: self.stats(exact))
 
     # -- tables and alignment ---------------------------------------------------------------
     def _table(self, catalog: Catalog, columns: tuple[int, ...], what: str) -> Table:

@@ -32,8 +32,9 @@ import torch.utils.data as tud
 from tsfile_torch.catalog.build import device_name, lay_out, subset_catalog
 from tsfile_torch.data.core import DatasetCore
 from tsfile_torch.data.features import check_time_features, fill_missing, time_features
+from tsfile_torch.data.normalize import DeviceNormalizer, Normalizer, make_normalizer
 from tsfile_torch.errors import SchemaError
-from tsfile_torch.options import ReadOptions, check_bool, check_int
+from tsfile_torch.options import ReadOptions, check_bool, check_choice, check_int
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
@@ -43,6 +44,8 @@ __all__ = ["TsFileWindowDataset", "WindowBatch", "WindowInfo", "collate_windows"
 #: Device rows per decoded block (Note: window blocks): ~3 pages of the writer's defaults.
 DEFAULT_WINDOW_BLOCK_ROWS = 32768
 _DEFAULT_CACHE_BYTES = 256 << 20
+#: ``column``: one scale per field over every device; ``device``: per device and field.
+NORMALIZE_BY = ("column", "device")
 
 
 class WindowInfo(NamedTuple):
@@ -159,6 +162,14 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             ``cache``, ``cache_bytes`` (the
             window-block cache, default 256 MiB), ``block_rows`` (default 32,768),
             ``start_time`` / ``end_time``, ``storage_options``, ``validate``...).
+        normalize_by: with ``normalize=``: ``"column"`` (one shift / scale per field over
+            every device) or ``"device"`` (per device and field, from the device's own rows,
+            like pytorch-forecasting's GroupNormalizer; ``ds.normalizer`` is a
+            :class:`~tsfile_torch.data.normalize.DeviceNormalizer` whose
+            ``inverse(y, device_id)`` undoes it). Statistics cover only the rows inside
+            ``start_time`` / ``end_time``. Default: ``"device"`` when ``normalize`` is a
+            DeviceNormalizer (a training dataset's, handed to its validation dataset), else
+            ``"column"``.
 
     Raises:
         ValueError, TypeError: bad arguments. SchemaError: unknown devices or fields, a device
@@ -189,9 +200,13 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         world_size: int | None = None,
         return_dict: bool = False,
         time_features: Sequence[str] | None = None,
+        normalize_by: str | None = None,
         **read_options,
     ):
         read = ReadOptions(**read_options)
+        if normalize_by is None:  # a training dataset's per-device normalizer says "device"
+            normalize_by = "device" if isinstance(read.normalize, DeviceNormalizer) else "column"
+        self.normalize_by = check_choice("normalize_by", normalize_by, NORMALIZE_BY)
         self.return_dict = check_bool("return_dict", return_dict)
         self.time_features = check_time_features(time_features)
         if self.time_features and not self.return_dict:
@@ -511,7 +526,33 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             self._rows(k, lo, min(lo + self.block_rows, n))
 
     def _table_names(self, table: int) -> list[str]:
+        if self.normalize_by == "device":
+            return [f"{self._devices[table]}.{f}" for f in self.fields]
         return self.fields
+
+    def _make_normalizer(self, names: list[str]) -> Normalizer | None:
+        if self.normalize_by == "column":
+            return super()._make_normalizer(names)
+        normalize = self.options.normalize
+        qualified = [n for k in range(len(self._devices)) for n in self._table_names(k)]
+        if isinstance(normalize, Normalizer) and not isinstance(normalize, DeviceNormalizer):
+            raise ValueError(
+                f"normalize_by='device' takes normalize='minmax', 'standard', None or a "
+                f"DeviceNormalizer (a training dataset's ds.normalizer); got {normalize!r}"
+            )
+        flat = make_normalizer(normalize, qualified, self._device_stats)
+        if flat is None or isinstance(flat, DeviceNormalizer):
+            return flat
+        return DeviceNormalizer.from_normalizer(flat, self._devices, self.fields, self.targets)
+
+    def _device_stats(self, exact: bool) -> dict[str, dict]:
+        """Statistics per device and field (``device.field``), rows in range only."""
+        names = {
+            f"{d}.{f}": [self.tables[k].columns[j]]
+            for k, d in enumerate(self._devices)
+            for j, f in enumerate(self.fields)
+        }
+        return self._stats(names, exact)
 
     @property
     def cached_bytes(self) -> int:
