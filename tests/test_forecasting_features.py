@@ -341,3 +341,57 @@ def test_a_validation_dataset_takes_the_training_devices_numbers(panel):
         )
     with pytest.raises(ValueError, match="normalize_by must be one of"):
         TsFileWindowDataset(path, 6, 2, normalize="minmax", normalize_by="series")
+
+
+@pytest.mark.parametrize("stride", [1, 4])
+def test_split_by_time_trains_before_t_and_forecasts_from_t(panel, stride):
+    path, _, per_device = panel
+    context, horizon = 6, 2
+    ds = TsFileWindowDataset(
+        path,
+        context,
+        horizon,
+        stride=stride,
+        normalize="standard",
+        normalize_by="device",
+        return_dict=True,
+        dtype=torch.float64,
+        block_rows=40,
+    )
+    cut = pd.Timestamp(CUT + 1, unit="ms")  # any form of time; the first row >= t varies
+    train, valid = ds.split_by_time(cut)
+    assert train.devices == valid.devices == ds.devices
+    assert valid.normalizer is train.normalizer
+    before = _in_range(per_device, CUT)
+    want = _expected_windows(before, context, horizon, stride)
+    assert len(train) == len(want)
+    got = _all(train)
+    assert int(got["future_time"].max()) <= CUT
+    expected_valid = []
+    for k, frame in enumerate(per_device):
+        first = max(len(before[k]) - context, 0)
+        expected_valid += [(k, s) for s in range(first, len(frame) - context - horizon + 1, stride)]
+    assert len(valid) == len(expected_valid)
+    batch = _all(valid)
+    shift = np.asarray(train.normalizer.shift).reshape(3, 2)
+    scale = np.asarray(train.normalizer.scale).reshape(3, 2)
+    for i, (k, s) in enumerate(expected_valid):
+        frame = per_device[k].iloc[s : s + context + horizon]
+        assert int(batch["device_id"][i]) == k
+        np.testing.assert_array_equal(batch["past_time"][i].numpy(), frame.time[:context])
+        np.testing.assert_array_equal(batch["future_time"][i].numpy(), frame.time[context:])
+        scaled = ((frame[["load", "temp"]].to_numpy() - shift[k]) / scale[k])[context:, :]
+        np.testing.assert_allclose(batch["future_values"][i].numpy(), scaled, rtol=1e-12)
+    assert int(batch["future_time"][:, 0].min()) > CUT
+    firsts = [expected_valid.index(next(w for w in expected_valid if w[0] == k)) for k in range(3)]
+    for k, i in enumerate(firsts):  # each device's first validation window forecasts from t
+        if len(before[k]) >= context:
+            assert int(batch["future_time"][i, 0]) == per_device[k].time[len(before[k])]
+
+
+def test_split_by_time_refuses_what_cannot_split(panel):
+    path, *_ = panel
+    with pytest.raises(ValueError, match="horizon >= 1"):
+        TsFileWindowDataset(path, 6).split_by_time(CUT)
+    with pytest.raises(ValueError, match="must lie in"):
+        TsFileWindowDataset(path, 6, 1, start_time=0).split_by_time(0)

@@ -34,7 +34,7 @@ from tsfile_torch.data.core import DatasetCore
 from tsfile_torch.data.features import check_time_features, fill_missing, time_features
 from tsfile_torch.data.normalize import DeviceNormalizer, Normalizer, make_normalizer
 from tsfile_torch.errors import SchemaError
-from tsfile_torch.options import ReadOptions, check_bool, check_choice, check_int
+from tsfile_torch.options import ReadOptions, check_bool, check_choice, check_int, to_timestamp
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
@@ -203,6 +203,27 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         normalize_by: str | None = None,
         **read_options,
     ):
+        self._arguments = dict(
+            sources=sources,
+            context_length=context_length,
+            horizon=horizon,
+            stride=stride,
+            columns=columns,
+            targets=targets,
+            devices=devices,
+            order=order,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            shuffle_blocks=shuffle_blocks,
+            num_samples=num_samples,
+            rank=rank,
+            world_size=world_size,
+            return_dict=return_dict,
+            time_features=time_features,
+            normalize_by=normalize_by,
+            **read_options,
+        )  # what split_by_time builds its two datasets from
         read = ReadOptions(**read_options)
         if normalize_by is None:  # a training dataset's per-device normalizer says "device"
             normalize_by = "device" if isinstance(read.normalize, DeviceNormalizer) else "column"
@@ -288,6 +309,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         spans = np.array([t.num_rows for t in tables], dtype=np.int64)
         counts = np.where(spans >= length, (spans - length) // self.stride + 1, 0)
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        #: device row of each device's first window (split_by_time moves it)
+        self._offset = np.zeros(len(names), dtype=np.int64)
         if self._first[-1] == 0:
             raise SchemaError(
                 f"no device has {length} rows (context_length {self.context_length} + horizon "
@@ -335,7 +358,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             for k in range(len(self._devices)):
                 first, count = int(self._first[k]), int(self._first[k + 1] - self._first[k])
                 if count:
-                    block = np.arange(count) * self.stride // self.block_rows
+                    block = (self._offset[k] + np.arange(count) * self.stride) // self.block_rows
                     cuts = np.flatnonzero(np.diff(block)) + 1
                     bounds.extend((first + np.r_[0, cuts]).tolist())
             return np.array(bounds + [len(self)], dtype=np.int64), 1
@@ -361,7 +384,59 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             raise IndexError(f"window index {int(idx[bad][0])} out of range for {n} windows")
         idx = idx % n
         k = np.searchsorted(self._first, idx, side="right") - 1
-        return k, (idx - self._first[k]) * self.stride
+        return k, self._offset[k] + (idx - self._first[k]) * self.stride
+
+    def split_by_time(self, t) -> tuple[TsFileWindowDataset, TsFileWindowDataset]:
+        """Return ``(train, validation)`` datasets split at time ``t``.
+
+        ``train``: this dataset's arguments with ``end_time`` before ``t``, so every train
+        window ends before ``t`` (its ``normalize=`` statistics come from those rows only).
+        ``validation``: the windows whose horizon starts at or after ``t`` (the first one of
+        each device forecasts from its first row at or after ``t``; windows keep this dataset's
+        stride from there), their context possibly before ``t``; same devices in the same
+        order as ``train`` (so ``device_id`` means the same), normalized with ``train``'s
+        normalizer. Both keep every other argument (order, seed, time features...).
+
+        Args:
+            t: a timestamp in ``time_unit``, a datetime (naive = UTC), ``pandas.Timestamp``,
+                ``numpy.datetime64`` or an ISO-8601 string.
+
+        Raises:
+            ValueError: ``horizon`` is 0 (nothing is forecast), or ``t`` outside the time range.
+            SchemaError: no device has a whole window before ``t``, or none after it.
+        """
+        if not self.horizon:
+            raise ValueError("split_by_time needs horizon >= 1: validation windows forecast from t")
+        cut = to_timestamp("t", t, self.options.time_unit)
+        lo, hi = self.options.start_time, self.options.end_time
+        if (lo is not None and cut <= lo) or (hi is not None and cut > hi):
+            raise ValueError(
+                f"split_by_time: t={cut} must lie in (start_time, end_time] = ({lo}, {hi}]"
+            )
+        train = type(self)(**{**self._arguments, "end_time": cut - 1})
+        arguments = {**self._arguments, "devices": train.devices}
+        if train.normalizer is not None:
+            arguments.update(normalize=train.normalizer, normalize_by=train.normalize_by)
+        validation = type(self)(**arguments)
+        before = [table.num_rows for table in train.tables]  # each device's rows before t
+        validation._forecast_from(np.asarray(before, dtype=np.int64), cut)
+        return train, validation
+
+    def _forecast_from(self, rows_before: np.ndarray, cut: int) -> None:
+        """Keep the windows whose horizon starts at device row ``rows_before[k]`` or later."""
+        length = self.context_length + self.horizon
+        spans = np.array([t.num_rows for t in self.tables], dtype=np.int64)
+        self._offset = np.maximum(rows_before - self.context_length, 0)
+        room = spans - self._offset
+        counts = np.where(room >= length, (room - length) // self.stride + 1, 0)
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if self._first[-1] == 0:
+            raise SchemaError(
+                f"split_by_time: no device has a whole window forecasting from t={cut} "
+                f"(context_length {self.context_length} + horizon {self.horizon} rows); pick "
+                f"an earlier t"
+            )
+        self._check_sharding(1)
 
     def window_info(self, index: int) -> WindowInfo:
         """Return (device, first device row, first timestamp) of window ``index``."""
@@ -568,6 +643,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     def __getstate__(self):
         out = super().__getstate__()
         out["_blocks"] = None
+        out["_arguments"] = None  # sources may be open file objects; split before pickling
         return out
 
     # -- statistics -------------------------------------------------------------------------
