@@ -395,3 +395,80 @@ def test_split_by_time_refuses_what_cannot_split(panel):
         TsFileWindowDataset(path, 6).split_by_time(CUT)
     with pytest.raises(ValueError, match="must lie in"):
         TsFileWindowDataset(path, 6, 1, start_time=0).split_by_time(0)
+
+
+def _padded_windows(per_device, context, horizon, stride, min_context, max_missing, targets):
+    """Expected windows with GluonTS padding: (devices, starts, times, x, y), numpy only."""
+    pad = context - (min_context or context)
+    cols = {"device": [], "start": [], "times": [], "x": [], "y": []}
+    for k, frame in enumerate(per_device):
+        step = int(frame.time[1] - frame.time[0])
+        times = np.r_[frame.time[0] - step * np.arange(pad, 0, -1), frame.time]
+        x = np.r_[np.full((pad, 2), np.nan), frame[["load", "temp"]].to_numpy()]
+        y = np.r_[np.full((pad, len(targets)), np.nan), frame[targets].to_numpy()]
+        for start in range(0, len(times) - context - horizon + 1, stride):
+            past, future = (
+                slice(start, start + context),
+                slice(start + context, start + context + horizon),
+            )
+            missing = np.isnan(x[past]).sum() + np.isnan(y[future]).sum()
+            if (
+                max_missing is None
+                or missing / (context * 2 + horizon * len(targets)) <= max_missing
+            ):
+                cols["device"].append(k)
+                cols["start"].append(start - pad)
+                cols["times"].append(times[start : start + context + horizon])
+                cols["x"].append(x[past])
+                cols["y"].append(y[future])
+    return {key: np.array(value) for key, value in cols.items()}
+
+
+@pytest.mark.parametrize(
+    "min_context, max_missing, stride", [(2, None, 1), (None, 0.1, 1), (3, 0.25, 3), (1, 0.0, 2)]
+)
+def test_min_context_pads_and_max_missing_drops_windows(panel, min_context, max_missing, stride):
+    path, _, per_device = panel
+    context, horizon = 5, 2
+    ds = TsFileWindowDataset(
+        path,
+        context,
+        horizon,
+        stride=stride,
+        targets=["temp"],
+        min_context=min_context,
+        max_missing=max_missing,
+        return_dict=True,
+        dtype=torch.float64,
+        block_rows=64,
+    )
+    want = _padded_windows(per_device, context, horizon, stride, min_context, max_missing, ["temp"])
+    assert len(ds) == len(want["device"]) == sum(ds.window_counts().values())
+    batch = _all(ds)
+    np.testing.assert_array_equal(batch["device_id"].numpy(), want["device"])
+    assert [ds.window_info(i).start_row for i in (0, len(ds) - 1)] == [
+        want["start"][0],
+        want["start"][-1],
+    ]
+    times = torch.cat([batch["past_time"], batch["future_time"]], dim=1).numpy()
+    np.testing.assert_array_equal(times, want["times"])
+    np.testing.assert_array_equal(batch["past_values"].numpy(), want["x"])
+    np.testing.assert_array_equal(batch["past_observed_mask"].numpy(), ~np.isnan(want["x"]))
+    np.testing.assert_array_equal(batch["future_values"].numpy(), want["y"])
+    seen = sum(len(b["device_id"]) for b in make_loader(ds, batch_size=50, num_workers=2))
+    assert seen == len(ds)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, match",
+    [
+        ({"min_context": 0}, ValueError, r"min_context should be an integer in \[1, 5\]"),
+        ({"min_context": 6}, ValueError, "min_context should be"),
+        ({"max_missing": 1.5}, ValueError, r"max_missing should be a fraction in \[0, 1\]"),
+        ({"max_missing": "half"}, TypeError, "max_missing should be a fraction"),
+    ],
+)
+def test_bad_missing_value_policies_are_refused(panel, kwargs, error, match):
+    path, *_ = panel
+    with pytest.raises(error, match=match):
+        TsFileWindowDataset(path, 5, 1, **kwargs)

@@ -154,6 +154,14 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             ``time_unit``) as ``past_time_features`` / ``future_time_features``, shape
             (steps, len(time_features)), GluonTS's encoding in [-0.5, 0.5]; names from
             :data:`~tsfile_torch.data.features.TIME_FEATURES` (``"hour_of_day"``...).
+        min_context: windows may start before a device's first row as long as their context
+            holds at least this many rows of it (GluonTS's ``is_pad``): the steps before are
+            padding, NaN in the values (filled as ``fill`` says), 0 in the observed mask, with
+            timestamps extrapolated back by the device's first step. ``None``: whole windows.
+        max_missing: drop windows whose fraction of missing values (nulls and padding, over
+            the context's columns and the horizon's targets) exceeds it, in [0, 1]; ``None``
+            keeps all. Cost: the selected fields of every device are read once when the
+            dataset is built (and 8 bytes per kept window are held), so ``len(ds)`` is exact.
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``read_backend``,
             ``dtype``, ``normalize`` (per field, every device alike), ``align`` (for fields of one
             device with different timestamps), ``fill`` (``"zero"`` / ``"ffill"`` fill nulls
@@ -201,6 +209,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         return_dict: bool = False,
         time_features: Sequence[str] | None = None,
         normalize_by: str | None = None,
+        min_context: int | None = None,
+        max_missing: float | None = None,
         **read_options,
     ):
         self._arguments = dict(
@@ -222,6 +232,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             return_dict=return_dict,
             time_features=time_features,
             normalize_by=normalize_by,
+            min_context=min_context,
+            max_missing=max_missing,
             **read_options,
         )  # what split_by_time builds its two datasets from
         read = ReadOptions(**read_options)
@@ -239,6 +251,11 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         self.context_length = check_int("context_length", context_length, 1, 2**40)
         self.horizon = check_int("horizon", horizon, 0, 2**40)
         self.stride = check_int("stride", stride, 1, 2**40)
+        #: observed context rows the first windows of a device need (the rest is padding)
+        self.min_context = check_int(
+            "min_context", min_context, 1, self.context_length, allow_none=True
+        )
+        self.max_missing = _check_fraction("max_missing", max_missing)
         columns, targets = _names("columns", columns), _names("targets", targets)
         patterns = _names("devices", devices)
         spec = OrderSpec(
@@ -305,21 +322,69 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         self._set_tags([device_of[d] for d in names])
         self._x_pos = [self.fields.index(f) for f in self.columns_x]
         self._y_pos = [self.fields.index(f) for f in self.targets]
-        length = self.context_length + self.horizon
         spans = np.array([t.num_rows for t in tables], dtype=np.int64)
-        counts = np.where(spans >= length, (spans - length) // self.stride + 1, 0)
-        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        #: device row of each device's first window (split_by_time moves it)
-        self._offset = np.zeros(len(names), dtype=np.int64)
-        if self._first[-1] == 0:
+        needed = self.context_length - self._padding + self.horizon
+        if spans.max() < needed:
             raise SchemaError(
-                f"no device has {length} rows (context_length {self.context_length} + horizon "
-                f"{self.horizon}) in range; the longest has {int(spans.max())}: use shorter "
-                f"windows, more data or a wider time range"
+                f"no device has {needed} rows (context_length {self.context_length} + horizon "
+                f"{self.horizon}{' - padding' if self._padding else ''}) in range; the longest "
+                f"has {int(spans.max())}: use shorter windows, more data or a wider time range"
             )
         self._blocks: BlockCache | None = None
         self._finish(catalog, tables, self.fields)
+        self._set_windows(np.full(len(names), -self._padding, dtype=np.int64))
+        if not len(self):
+            raise SchemaError(
+                f"every window has more than max_missing={self.max_missing} of its values "
+                f"missing; raise max_missing or pick other fields / devices"
+            )
         self._check_sharding(1)
+
+    @property
+    def _padding(self) -> int:
+        """Rows of left padding the first window of a device may have (``min_context``)."""
+        return 0 if self.min_context is None else self.context_length - self.min_context
+
+    def _set_windows(self, lowest: np.ndarray) -> None:
+        """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
+
+        Rows below 0 are left padding (``min_context``). With ``max_missing`` every device is
+        read once here and the windows over it are dropped (Note: window numbering).
+        """
+        length = self.context_length + self.horizon
+        room = np.array([t.num_rows for t in self.tables], dtype=np.int64) - lowest
+        counts = np.where(room >= length, (room - length) // self.stride + 1, 0)
+        #: device row of each device's first window (negative: padded; split_by_time moves it)
+        self._offset = lowest.astype(np.int64)
+        #: with max_missing: the start row of every window kept, device by device
+        self._starts: np.ndarray | None = None
+        if self.max_missing is not None:
+            kept = []
+            for k, count in enumerate(counts.tolist()):
+                starts = self._offset[k] + np.arange(count, dtype=np.int64) * self.stride
+                kept.append(starts[self._missing_fraction(k, starts) <= self.max_missing])
+            counts = np.array([len(s) for s in kept], dtype=np.int64)
+            self._starts = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+            self.close()  # the reader used here is not carried into workers
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def _missing_fraction(self, k: int, starts: np.ndarray) -> np.ndarray:
+        """Return the fraction of missing (null or padded) values of each window of device k."""
+        table, n = self.tables[k], self.tables[k].num_rows
+        miss_x, miss_y = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
+        for lo in range(0, n, self.block_rows):
+            hi = min(lo + self.block_rows, n)
+            values, _ = table.read(self.reader, lo, hi)
+            nan = np.isnan(values)
+            miss_x[lo + 1 : hi + 1] = nan[:, self._x_pos].sum(axis=1)
+            miss_y[lo + 1 : hi + 1] = nan[:, self._y_pos].sum(axis=1)
+        miss_x, miss_y = np.cumsum(miss_x), np.cumsum(miss_y)
+        c, h = self.context_length, self.horizon
+        first = np.maximum(starts, 0)
+        padded = (first - starts) * len(self._x_pos)
+        missing = padded + miss_x[starts + c] - miss_x[first] + miss_y[starts + c + h]
+        missing -= miss_y[starts + c]
+        return missing / (c * len(self._x_pos) + h * len(self._y_pos))
 
     # -- items ------------------------------------------------------------------------------
     @property
@@ -358,7 +423,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             for k in range(len(self._devices)):
                 first, count = int(self._first[k]), int(self._first[k + 1] - self._first[k])
                 if count:
-                    block = (self._offset[k] + np.arange(count) * self.stride) // self.block_rows
+                    block = np.maximum(self._window_starts(k), 0) // self.block_rows
                     cuts = np.flatnonzero(np.diff(block)) + 1
                     bounds.extend((first + np.r_[0, cuts]).tolist())
             return np.array(bounds + [len(self)], dtype=np.int64), 1
@@ -384,7 +449,16 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             raise IndexError(f"window index {int(idx[bad][0])} out of range for {n} windows")
         idx = idx % n
         k = np.searchsorted(self._first, idx, side="right") - 1
+        if self._starts is not None:
+            return k, self._starts[idx]
         return k, self._offset[k] + (idx - self._first[k]) * self.stride
+
+    def _window_starts(self, k: int) -> np.ndarray:
+        """Return the start rows of device ``k``'s windows."""
+        first, stop = int(self._first[k]), int(self._first[k + 1])
+        if self._starts is not None:
+            return self._starts[first:stop]
+        return self._offset[k] + np.arange(stop - first, dtype=np.int64) * self.stride
 
     def split_by_time(self, t) -> tuple[TsFileWindowDataset, TsFileWindowDataset]:
         """Return ``(train, validation)`` datasets split at time ``t``.
@@ -424,12 +498,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
 
     def _forecast_from(self, rows_before: np.ndarray, cut: int) -> None:
         """Keep the windows whose horizon starts at device row ``rows_before[k]`` or later."""
-        length = self.context_length + self.horizon
-        spans = np.array([t.num_rows for t in self.tables], dtype=np.int64)
-        self._offset = np.maximum(rows_before - self.context_length, 0)
-        room = spans - self._offset
-        counts = np.where(room >= length, (room - length) // self.stride + 1, 0)
-        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        self._set_windows(np.maximum(rows_before - self.context_length, -self._padding))
         if self._first[-1] == 0:
             raise SchemaError(
                 f"split_by_time: no device has a whole window forecasting from t={cut} "
@@ -443,8 +512,9 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an integer window number; got {index!r}")
         k, row = (int(a[0]) for a in self._locate([index]))
-        _, times = self._block(k, row // self.block_rows)
-        return WindowInfo(self._devices[k], row, int(times[row % self.block_rows]))
+        real = max(row, 0)  # a padded window: the time of its first real row
+        _, times = self._block(k, real // self.block_rows)
+        return WindowInfo(self._devices[k], row, int(times[real % self.block_rows]))
 
     def __getitem__(self, index):
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
@@ -457,7 +527,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             raise IndexError("__getitems__ needs at least one window index")
         self._start_epoch(self.epoch or 0)
         length = self.context_length + self.horizon
-        k, row = self._locate(indices)
+        k, start = self._locate(indices)
+        row = np.maximum(start, 0)  # padded windows gather from row 0, then shift (below)
         steps = np.arange(length)
         dtype = np.float64 if self.options.dtype == "float64" else np.float32
         values = _batch_array((len(k), length, len(self.fields)), dtype)
@@ -471,7 +542,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             np.take(store.values, pick, axis=0, out=values)
             if times is not None:
                 times[:] = store.times[pick]
-            return self._items(values, times, k)
+            return self._items(*_pad(values, times, start), k)
         first_block = row // self.block_rows
         key = k * (1 << 40) + first_block
         order = np.argsort(key, kind="stable")
@@ -487,7 +558,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             values[members] = block_values[pick]
             if times is not None:
                 times[members] = block_times[pick]
-        return self._items(values, times, k)
+        return self._items(*_pad(values, times, start), k)
 
     def _items(self, values: np.ndarray, times: np.ndarray | None, k: np.ndarray) -> WindowBatch:
         c = self.context_length
@@ -665,6 +736,35 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             f"stride={self.stride}, columns={self.columns_x}, targets={self.targets}, "
             f"order={self.order_spec.order!r})"
         )
+
+
+def _pad(values: np.ndarray, times: np.ndarray | None, start: np.ndarray):
+    """Shift the windows gathered from row 0 for a negative ``start`` right, padding with NaN.
+
+    Padded steps get timestamps extrapolated back with the device's first step.
+    """
+    if start.min() >= 0:
+        return values, times
+    for i in np.flatnonzero(start < 0).tolist():
+        p = min(-int(start[i]), values.shape[1])
+        values[i, p:] = values[i, : values.shape[1] - p].copy()
+        values[i, :p] = np.nan
+        if times is not None:
+            real = times[i, : times.shape[1] - p].copy()
+            step = int(real[1] - real[0]) if len(real) > 1 else 0
+            times[i, p:] = real
+            times[i, :p] = real[0] - step * np.arange(p, 0, -1)
+    return values, times
+
+
+def _check_fraction(name: str, value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name} should be a fraction in [0, 1] or None, but got {name}={value!r}")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} should be a fraction in [0, 1], but got {name}={value!r}")
+    return float(value)
 
 
 def _batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:
