@@ -472,3 +472,45 @@ def test_bad_missing_value_policies_are_refused(panel, kwargs, error, match):
     path, *_ = panel
     with pytest.raises(error, match=match):
         TsFileWindowDataset(path, 5, 1, **kwargs)
+
+
+def test_uniform_device_weights_draw_each_device_equally_often(panel):
+    path, _, per_device = panel
+    draws = 30_000
+    uniform = TsFileWindowDataset(
+        path, 6, 2, order="random", num_samples=draws, device_weights="uniform", seed=3
+    )
+    length = TsFileWindowDataset(path, 6, 2, order="random", num_samples=draws, seed=3)
+    counts = np.array([len(f) - 7 for f in per_device])  # windows per device
+    for ds, share in ((uniform, np.full(3, 1 / 3)), (length, counts / counts.sum())):
+        (items,) = ds.epoch_batches(0, draws)
+        device = np.searchsorted(np.cumsum(counts), items, side="right")
+        got = np.bincount(device, minlength=3)
+        bound = 5 * np.sqrt(draws * share * (1 - share))  # five binomial standard deviations
+        assert (np.abs(got - draws * share) < bound).all(), (got, draws * share)
+        smallest = items[device == 2] - counts[:2].sum()
+        assert set(smallest.tolist()) == set(range(counts[2]))  # every window of it is drawn
+    assert not np.array_equal(
+        uniform.epoch_batches(0, draws)[0], uniform.epoch_batches(1, draws)[0]
+    )
+
+
+def test_uniform_device_weights_resume_mid_epoch(panel):
+    from tsfile_torch import EpochSampler
+
+    path, *_ = panel
+    ds = TsFileWindowDataset(
+        path, 6, 2, order="random", num_samples=500, device_weights="uniform", seed=9
+    )
+    sampler = EpochSampler(ds, 32, num_workers=2)
+    whole = list(sampler)
+    again = EpochSampler(ds, 32, num_workers=2)
+    ds.set_epoch(0)
+    it = iter(again)
+    head = [next(it) for _ in range(5)]
+    saved = again.state_dict()
+    resumed = EpochSampler(ds, 32, num_workers=2)
+    resumed.load_state_dict(saved)
+    assert head + list(resumed) == whole
+    with pytest.raises(ValueError, match="device_weights='uniform' goes with order='random'"):
+        TsFileWindowDataset(path, 6, 2, device_weights="uniform")

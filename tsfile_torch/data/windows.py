@@ -21,6 +21,7 @@ device decodes it), and a batch from any devices is then one gather.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -46,6 +47,9 @@ DEFAULT_WINDOW_BLOCK_ROWS = 32768
 _DEFAULT_CACHE_BYTES = 256 << 20
 #: ``column``: one scale per field over every device; ``device``: per device and field.
 NORMALIZE_BY = ("column", "device")
+#: ``length``: every window equally likely (a device in proportion to its windows);
+#: ``uniform``: every device equally likely, then one of its windows (order="random").
+DEVICE_WEIGHTS = ("length", "uniform")
 
 
 class WindowInfo(NamedTuple):
@@ -143,6 +147,9 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         shuffle: ``True`` means ``order="shuffle"``.
         seed, drop_last, shuffle_blocks, rank, world_size: as for the row datasets.
         num_samples: windows per epoch of ``order="random"``.
+        device_weights: with ``order="random"``: ``"length"`` (default; every window equally
+            likely, so a device in proportion to its windows) or ``"uniform"`` (every device
+            with windows equally likely, then one of its windows), as Uni2TS samples series.
         return_dict: items are dicts in Hugging Face's naming instead of tuples:
             ``past_values`` (context, columns), ``past_observed_mask`` (1.0 where a value was
             read, 0.0 where it is null or an alignment gap), ``past_time`` (int64), the same
@@ -211,6 +218,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         normalize_by: str | None = None,
         min_context: int | None = None,
         max_missing: float | None = None,
+        device_weights: str = "length",
         **read_options,
     ):
         self._arguments = dict(
@@ -234,6 +242,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             normalize_by=normalize_by,
             min_context=min_context,
             max_missing=max_missing,
+            device_weights=device_weights,
             **read_options,
         )  # what split_by_time builds its two datasets from
         read = ReadOptions(**read_options)
@@ -256,11 +265,17 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             "min_context", min_context, 1, self.context_length, allow_none=True
         )
         self.max_missing = _check_fraction("max_missing", max_missing)
+        self.device_weights = check_choice("device_weights", device_weights, DEVICE_WEIGHTS)
         columns, targets = _names("columns", columns), _names("targets", targets)
         patterns = _names("devices", devices)
         spec = OrderSpec(
             orders.resolve_order(order, shuffle), seed, drop_last, shuffle_blocks, num_samples
         )
+        if self.device_weights != "length" and spec.order != "random":
+            raise ValueError(
+                f"device_weights={self.device_weights!r} goes with order='random' (windows drawn "
+                f"per epoch); got order={spec.order!r}"
+            )
         meta = self._setup(sources, read, spec, rank, world_size)
 
         fields_of: dict[str, dict[str, str]] = {}  # device -> field -> column name
@@ -367,6 +382,9 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             self._starts = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
             self.close()  # the reader used here is not carried into workers
         self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if self.device_weights == "uniform":  # a block per device with windows, equal weights
+            blocks = int((counts > 0).sum())
+            self.order_spec = dataclasses.replace(self.order_spec, block_weights=(1.0,) * blocks)
 
     def _missing_fraction(self, k: int, starts: np.ndarray) -> np.ndarray:
         """Return the fraction of missing (null or padded) values of each window of device k."""
@@ -427,6 +445,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
                     cuts = np.flatnonzero(np.diff(block)) + 1
                     bounds.extend((first + np.r_[0, cuts]).tolist())
             return np.array(bounds + [len(self)], dtype=np.int64), 1
+        if self.order_spec.block_weights is not None:  # device_weights="uniform": per device
+            return np.unique(self._first), 1
         return np.array([0, len(self)], dtype=np.int64), 1
 
     def _batch_key(self, items: np.ndarray, batch_size: int | None) -> list[int]:
