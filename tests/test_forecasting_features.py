@@ -514,3 +514,74 @@ def test_uniform_device_weights_resume_mid_epoch(panel):
     assert head + list(resumed) == whole
     with pytest.raises(ValueError, match="device_weights='uniform' goes with order='random'"):
         TsFileWindowDataset(path, 6, 2, device_weights="uniform")
+
+
+def _mixture(path, **kwargs):
+    from tsfile_torch import MixedWindows
+
+    north = TsFileWindowDataset(
+        path,
+        6,
+        2,
+        devices=["plant.north.*"],
+        return_dict=True,
+        order="random",
+        num_samples=10,
+        device_weights="uniform",
+    )
+    south = TsFileWindowDataset(path, 6, 2, devices=["plant.south.kw"], return_dict=True)
+    return north, south, MixedWindows([north, south], **kwargs)
+
+
+def test_mixed_windows_draw_datasets_by_weight_and_read_them_exactly(panel):
+    path, *_ = panel
+    draws = 20_000
+    north, south, mix = _mixture(path, weights=[1, 3], num_samples=draws, seed=5)
+    assert mix.devices == north.devices + south.devices and len(mix) == len(north) + len(south)
+    (items,) = mix.epoch_batches(0, draws)
+    from_south = items >= len(north)
+    north_device = np.searchsorted(north._first, items[~from_south], side="right") - 1
+    got = np.array([(north_device == 0).sum(), (north_device == 1).sum(), from_south.sum()])
+    share = np.array([0.125, 0.125, 0.75])  # north's two devices uniform within its quarter
+    assert (np.abs(got - draws * share) < 5 * np.sqrt(draws * share * (1 - share))).all(), got
+    pick = [0, len(north) - 1, len(north), len(mix) - 1, 3]
+    batch = collate_windows(mix.__getitems__(pick))
+    for row, i in enumerate(pick):
+        own, local = (north, i) if i < len(north) else (south, i - len(north))
+        item = own[local]
+        shift = 0 if own is north else len(north.devices)
+        assert int(batch["device_id"][row]) == int(item["device_id"]) + shift
+        for key in ("past_values", "future_values", "past_time", "static_categorical_features"):
+            torch.testing.assert_close(batch[key][row], item[key], equal_nan=True)
+
+
+def test_mixed_windows_resume_and_load_through_workers(panel):
+    from tsfile_torch import EpochSampler
+
+    path, *_ = panel
+    *_, mix = _mixture(path, num_samples=300, seed=2)
+    whole = list(EpochSampler(mix, 16, num_workers=2))
+    mix.set_epoch(0)
+    first = EpochSampler(mix, 16, num_workers=2)
+    it = iter(first)
+    head = [next(it) for _ in range(7)]
+    resumed = EpochSampler(mix, 16, num_workers=2)
+    resumed.load_state_dict(first.state_dict())
+    assert head + list(resumed) == whole
+    mix.set_epoch(0)
+    times = torch.cat([b["past_time"] for b in make_loader(mix, batch_size=16, num_workers=2)])
+    expected = torch.cat([collate_windows(mix.__getitems__(items))["past_time"] for items in whole])
+    torch.testing.assert_close(times, expected)
+
+
+def test_mixed_windows_refuse_windows_that_do_not_stack(panel):
+    from tsfile_torch import MixedWindows
+
+    path, *_ = panel
+    a = TsFileWindowDataset(path, 6, 2)
+    with pytest.raises(ValueError, match=r"datasets\[1\].context_length=5 differs"):
+        MixedWindows([a, TsFileWindowDataset(path, 5, 2)], num_samples=10)
+    with pytest.raises(ValueError, match="one finite weight >= 0 per dataset"):
+        MixedWindows([a, a], weights=[1, -1], num_samples=10)
+    with pytest.raises(TypeError, match="mixes TsFileWindowDatasets"):
+        MixedWindows([a, "b"], num_samples=10)

@@ -23,6 +23,7 @@ _PUBLIC = {
     "TsFileIterableDataset": "tsfile_torch.data.rows",
     "TsFileWindowDataset": "tsfile_torch.data.windows",
     "WindowBatch": "tsfile_torch.data.windows",
+    "MixedWindows": "tsfile_torch.data.mixture",
     "WindowInfo": "tsfile_torch.data.windows",
     "collate_windows": "tsfile_torch.data.windows",
     "Normalizer": "tsfile_torch.data.normalize",
