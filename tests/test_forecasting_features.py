@@ -585,3 +585,15 @@ def test_mixed_windows_refuse_windows_that_do_not_stack(panel):
         MixedWindows([a, a], weights=[1, -1], num_samples=10)
     with pytest.raises(TypeError, match="mixes TsFileWindowDatasets"):
         MixedWindows([a, "b"], num_samples=10)
+
+
+@pytest.mark.parametrize("unit, per_ms", [("ms", 1), ("us", 1000), ("ns", 10**6)])
+def test_time_features_agree_with_pandas_over_centuries(unit, per_ms):
+    from tsfile_torch.data.features import time_features
+
+    rng = np.random.default_rng(1)
+    ms = np.r_[
+        rng.integers(-(9 * 10**12), 9 * 10**12, 50_000), -1, 0, 951_782_400_000, 951_868_799_999
+    ]
+    got = time_features(ms * per_ms, FEATURES, unit)
+    np.testing.assert_allclose(got, _calendar(ms), atol=1e-6)

@@ -609,19 +609,20 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     ) -> WindowBatch:
         """Return the windows as Hugging Face style dict items (``return_dict=True``)."""
         c, out_dtype = self.context_length, getattr(torch, self.options.dtype)
-        observed = torch.from_numpy(~missing).to(out_dtype)
-        whole = torch.from_numpy(values).to(out_dtype)
-        stamps = torch.from_numpy(times)
-        feats = (
-            torch.from_numpy(time_features(times, self.time_features, self.options.time_unit))
-            if self.time_features
-            else None
-        )
+        # in a worker, in shared memory from the start, as the values (see _batch_array)
+        observed = _batch_array(values.shape, values.dtype)
+        np.logical_not(missing, out=observed, casting="unsafe")
+        feats = None
+        if self.time_features:
+            feats = _batch_array(times.shape + (len(self.time_features),), np.float32)
+            feats[...] = time_features(times, self.time_features, self.options.time_unit)
+        everything = list(range(len(self.fields)))
         keys, parts = [], []
 
-        def add(key, tensor):
+        def add(key, array, cast=False):
             keys.append(key)
-            parts.append(tensor)
+            tensor = torch.from_numpy(array)
+            parts.append(tensor.to(out_dtype) if cast and tensor.dtype != out_dtype else tensor)
 
         for side, steps, pos in (
             ("past", slice(None, c), self._x_pos),
@@ -629,13 +630,14 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         ):
             if side == "future" and not self.horizon:
                 break
-            add(f"{side}_values", whole[:, steps][..., pos])
-            add(f"{side}_observed_mask", observed[:, steps][..., pos])
-            add(f"{side}_time", stamps[:, steps])
-            if feats is not None:
+            fields = slice(None) if pos == everything else pos  # a view when it can be
+            add(f"{side}_values", values[:, steps, fields], cast=True)
+            add(f"{side}_observed_mask", observed[:, steps, fields], cast=True)
+            add(f"{side}_time", times[:, steps])
+            if self.time_features:
                 add(f"{side}_time_features", feats[:, steps])
-        add("device_id", torch.from_numpy(np.asarray(k, dtype=np.int64)))
-        add("static_categorical_features", torch.from_numpy(self._tag_codes[k]))
+        add("device_id", np.asarray(k, dtype=np.int64))
+        add("static_categorical_features", self._tag_codes[k])
         return WindowBatch(tuple(parts), tuple(keys))
 
     # -- blocks -----------------------------------------------------------------------------
