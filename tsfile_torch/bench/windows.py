@@ -175,14 +175,13 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     add(route, timings.seconds[0], read.rows, read.checksum == expected)
     stream.close()
 
-    shuffled = _dataset(
-        plan,
-        paths,
+    shuffling = dict(
         cache_bytes=cache_bytes,
         shuffle=True,
         seed=plan.seed,
         shuffle_blocks=plan.blocks_per_shuffle,
     )
+    shuffled = _dataset(plan, paths, **shuffling)
     for workers in plan.workers:
         loader = make_loader(shuffled, batch_size=bs, num_workers=workers)
         # the first pays worker start-up; report the second
@@ -196,14 +195,7 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     # time features built per batch; checksummed on past / future values
     tuple_seconds = {r["route"]: r["seconds"] for r in records}
     dicts = _dataset(
-        plan,
-        paths,
-        cache_bytes=cache_bytes,
-        shuffle=True,
-        seed=plan.seed,
-        shuffle_blocks=plan.blocks_per_shuffle,
-        return_dict=True,
-        time_features=list(DICT_TIME_FEATURES),
+        plan, paths, **shuffling, return_dict=True, time_features=list(DICT_TIME_FEATURES)
     )
     for workers in plan.workers:
         loader = make_loader(dicts, batch_size=bs, num_workers=workers)
