@@ -597,3 +597,15 @@ def test_time_features_agree_with_pandas_over_centuries(unit, per_ms):
     ]
     got = time_features(ms * per_ms, FEATURES, unit)
     np.testing.assert_allclose(got, _calendar(ms), atol=1e-6)
+
+
+def test_memory_cache_gives_the_same_padded_dict_items_as_streaming(panel):
+    path, *_ = panel
+    kwargs = dict(min_context=2, max_missing=0.3, return_dict=True, time_features=FEATURES)
+    streaming = _all(TsFileWindowDataset(path, 5, 2, block_rows=32, **kwargs))
+    memory = _all(TsFileWindowDataset(path, 5, 2, cache="memory", **kwargs))
+    assert streaming.keys() == memory.keys()
+    for key in streaming:
+        torch.testing.assert_close(streaming[key], memory[key], equal_nan=True)
+    half = TsFileWindowDataset(path, 5, 2, dtype=torch.float16, fill="zero", **kwargs)[0]
+    assert half["past_values"].dtype == half["past_observed_mask"].dtype == torch.float16
