@@ -65,7 +65,9 @@ class CellSums:
 
     def __init__(self, catalog: Catalog):
         self.groups = [
-            gi for gi, g in enumerate(catalog.groups) if any(s.sum is not None for s in g.shards)
+            gi
+            for gi, g in enumerate(catalog.groups)
+            if any(s.sum is not None for s in g.shards)
         ]
         cells = {gi: -(-catalog.groups[gi].num_rows // CELL_ROWS) for gi in self.groups}
         widths = {gi: len(catalog.groups[gi].columns) for gi in self.groups}
