@@ -18,6 +18,8 @@ def test_quick_window_benchmark_checksums_match_the_reference(tmp_path):
         "tsfile-torch sequential streaming, workers=0",
         "tsfile-torch streaming shuffled, workers=0",
         "tsfile-torch streaming shuffled, workers=2",
+        "tsfile-torch shuffled dict items, workers=0",
+        "tsfile-torch shuffled dict items, workers=2",
         "tsfile-torch cached (memory), workers=0",
         "tsfile-torch cached (memory), workers=2",
         "TsFileDataFrame windows one by one (scaled)",
@@ -44,5 +46,5 @@ def test_cli_bench_windows_quick_writes_json(tmp_path, capsys):
         ]
     )
     assert code == 0
-    assert len(out.read_text().splitlines()) == 5
+    assert len(out.read_text().splitlines()) == 6  # five routes and the dict items
     assert "in-memory numpy reference" in capsys.readouterr().out

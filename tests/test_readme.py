@@ -16,7 +16,7 @@ def test_every_readme_block_runs_and_shows_what_it_says(tmp_path, monkeypatch, c
     monkeypatch.chdir(tmp_path)  # the snippets write and read "panel/"
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # their mkdtemp lands in tmp_path
     blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.S)
-    assert len(blocks) == 6
+    assert len(blocks) == 7
     ns: dict = {"__name__": "readme"}
     for i, code in enumerate(blocks):
         exec(compile(code, f"README.md block {i}", "exec"), ns)
@@ -29,6 +29,9 @@ def test_every_readme_block_runs_and_shows_what_it_says(tmp_path, monkeypatch, c
     assert ns["x"].shape == (96, 3) and ns["y"].shape == (24, 3)  # from the normalization block
     # bring your own data: the converted devices and their windows
     assert "['plant.m1', 'plant.m2']" in out and "112 ['load']" in out
+    # dict items: the forward arguments, a forecast brought back to the meters' units
+    assert "'past_observed_mask'" in out and "'static_categorical_features'" in out
+    assert ns["in_units"].shape == ns["naive"].shape == (len(ns["items"]["device_id"]), 24, 1)
     # resume: 12 batches left, equal to the uninterrupted run's (asserted in the block too)
     assert len(ns["rest"]) == 12 and len(ns["uninterrupted"]) == 20
     # alignment: aligned values and their timestamps

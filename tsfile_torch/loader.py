@@ -34,6 +34,7 @@ import torch
 import torch.utils.data as tud
 
 from tsfile_torch.data.core import DatasetCore, EpochSampler
+from tsfile_torch.data.mixture import MixedWindows
 from tsfile_torch.data.rows import TsFileDataset, TsFileIterableDataset
 from tsfile_torch.data.windows import TsFileWindowDataset, collate_windows
 from tsfile_torch.errors import TsFileTorchError
@@ -73,7 +74,10 @@ def default_timeout(dataset: DatasetCore) -> float:
     A batch may have to decode one block of every read group first: ``block_rows`` rows of
     every column. ``MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * block_rows * num_columns`` seconds.
     """
-    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * dataset.block_rows * len(dataset.catalog.columns)
+    parts = getattr(dataset, "datasets", [dataset])  # a mixture: its slowest dataset
+    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * max(
+        d.block_rows * len(d.catalog.columns) for d in parts
+    )
 
 
 class _Pass:
@@ -225,7 +229,7 @@ def make_loader(
             "shuffle belongs to the dataset: TsFile...Dataset(..., shuffle=True) or "
             "order='shuffle' / 'batches', so every loader and rank agrees on the order"
         )
-    if isinstance(dataset, TsFileWindowDataset):
+    if isinstance(dataset, (TsFileWindowDataset, MixedWindows)):
         if batch_size is None:
             raise ValueError(
                 "batch_size is required for a TsFileWindowDataset: windows per batch, e.g. "

@@ -64,6 +64,9 @@ class WindowBenchPlan:
     seed: int = 0
 
 
+#: Time features of the dict-item route.
+DICT_TIME_FEATURES = ("hour_of_day", "day_of_week", "day_of_year")
+
 #: A run of a few seconds for tests and smoke checks.
 QUICK_WINDOWS = WindowBenchPlan(
     num_devices=8, num_fields=4, num_rows=12_000, num_files=2, workers=(0,), dataframe_windows=32
@@ -172,14 +175,13 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     add(route, timings.seconds[0], read.rows, read.checksum == expected)
     stream.close()
 
-    shuffled = _dataset(
-        plan,
-        paths,
+    shuffling = dict(
         cache_bytes=cache_bytes,
         shuffle=True,
         seed=plan.seed,
         shuffle_blocks=plan.blocks_per_shuffle,
     )
+    shuffled = _dataset(plan, paths, **shuffling)
     for workers in plan.workers:
         loader = make_loader(shuffled, batch_size=bs, num_workers=workers)
         # the first pays worker start-up; report the second
@@ -188,6 +190,26 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
         add(route, timings.seconds[0], read.rows, read.checksum == expected)
         del loader
         shuffled.close()
+
+    # the same shuffled windows as dict items: observed masks, times, device ids, tag codes and
+    # time features built per batch; checksummed on past / future values
+    tuple_seconds = {r["route"]: r["seconds"] for r in records}
+    dicts = _dataset(
+        plan, paths, **shuffling, return_dict=True, time_features=list(DICT_TIME_FEATURES)
+    )
+    for workers in plan.workers:
+        loader = make_loader(dicts, batch_size=bs, num_workers=workers)
+        timings, read = _epoch(_DictValues(loader), warmup=1, before=dicts.set_epoch)
+        tuple_route = tuple_seconds[f"tsfile-torch streaming shuffled, workers={workers}"]
+        add(
+            f"tsfile-torch shuffled dict items, workers={workers}",
+            timings.seconds[0],
+            read.rows,
+            read.checksum == expected,
+            extra={"x_tuple_route": timings.seconds[0] / tuple_route},
+        )
+        del loader
+        dicts.close()
 
     cached = _dataset(plan, paths, cache="memory", order="batches", seed=plan.seed)
     for workers in plan.workers:
@@ -234,6 +256,21 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
         extra={"measured_windows": len(sample), "measured_seconds": seconds},
     )
     return _with_ratios(records, plan)
+
+
+class _DictValues:
+    """A loader of dict batches seen as ``(past_values, future_values)`` batches, every pass.
+
+    The other tensors (masks, times, features, ids) are built with each batch; they are not
+    summed here (a reduction over a strided view would time torch, not the reading).
+    """
+
+    def __init__(self, loader):
+        self.loader = loader
+
+    def __iter__(self):
+        for batch in self.loader:
+            yield batch["past_values"], batch["future_values"]
 
 
 class _ReferenceWindows(tud.Dataset):

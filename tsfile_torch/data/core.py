@@ -179,10 +179,12 @@ class DatasetCore:
         )
         _warn_inexact_integers(catalog, self.options.dtype)
         #: Applied to every value read (``normalize=``); hand it to a validation dataset.
-        self.normalizer: Normalizer | None = make_normalizer(
-            self.options.normalize, list(names), lambda exact: self.stats(exact)
-        )
+        self.normalizer: Normalizer | None = self._make_normalizer(list(names))
         self.close()  # readers used while building are not carried into workers
+
+    def _make_normalizer(self, names: list[str]) -> Normalizer | None:
+        """Resolve ``normalize=`` for values named ``names`` (statistics of the rows in range)."""
+        return make_normalizer(self.options.normalize, names, lambda exact: self.stats(exact))
 
     # -- tables and alignment ---------------------------------------------------------------
     def _table(self, catalog: Catalog, columns: tuple[int, ...], what: str) -> Table:
@@ -194,7 +196,11 @@ class DatasetCore:
         several = len(timelines_of(catalog, columns)) > 1
         if several and self.options.align is not None:
             alignment = Alignment.build(
-                catalog, columns, self.options.align, self.options.fill, self._new_reader
+                catalog,
+                columns,
+                self.options.align,
+                getattr(self, "_align_fill", self.options.fill),
+                self._new_reader,
             )
             if not alignment.identical:  # else positional rows: the fast path
                 return Table(columns, alignment.num_rows, alignment)

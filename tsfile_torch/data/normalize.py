@@ -20,6 +20,7 @@ from tsfile_torch.options import NORMALIZE_METHODS
 
 __all__ = [
     "NORMALIZE_METHODS",
+    "DeviceNormalizer",
     "Normalizer",
     "RunningMoments",
     "make_normalizer",
@@ -28,15 +29,16 @@ __all__ = [
 
 
 class RunningMoments:
-    """Count, sum and sum of squared deviations per field, merged chunk by chunk (Chan et al.).
-
-    NaN values (nulls) are skipped.
+    """Count, mean, sum of squared deviations, min and max per field, merged chunk by chunk
+    (Chan et al.). NaN values (nulls) are skipped.
     """
 
     def __init__(self, num_fields: int):
         self.count = np.zeros(num_fields, dtype=np.int64)
         self.mean = np.zeros(num_fields, dtype=np.float64)
         self.m2 = np.zeros(num_fields, dtype=np.float64)
+        self.min = np.full(num_fields, np.inf)
+        self.max = np.full(num_fields, -np.inf)
 
     def add(self, field: int, values: np.ndarray) -> None:
         """Fold the 1-D ``values`` of field ``field`` in."""
@@ -46,6 +48,8 @@ class RunningMoments:
         if not n:
             return
         mean = values.mean()
+        self.min[field] = min(self.min[field], values.min())
+        self.max[field] = max(self.max[field], values.max())
         m2 = float(((values - mean) ** 2).sum())
         total = self.count[field] + n
         delta = mean - self.mean[field]
@@ -135,6 +139,101 @@ class Normalizer:
         return _affine(values, shift, scale, inverse=True)
 
 
+@dataclass(frozen=True)
+class DeviceNormalizer(Normalizer):
+    """Per-device statistics (``normalize_by="device"``, like pytorch-forecasting's
+    GroupNormalizer): a :class:`Normalizer` whose fields are ``device.field`` names.
+
+    Attributes:
+        devices: device names; an integer ``device_id`` is an index into them (the training
+            dataset's ``ds.devices``).
+        device_fields: field names, in the order of each device's numbers.
+        targets: the fields :meth:`inverse` assumes by default (the dataset's targets).
+    """
+
+    devices: tuple[str, ...] = ()
+    device_fields: tuple[str, ...] = ()
+    targets: tuple[str, ...] = ()
+
+    @classmethod
+    def from_normalizer(
+        cls,
+        flat: Normalizer,
+        devices: Sequence[str],
+        fields: Sequence[str],
+        targets: Sequence[str],
+    ) -> DeviceNormalizer:
+        """Wrap ``flat``, whose fields are ``device.field`` for each device then field."""
+        return cls(
+            flat.fields,
+            flat.shift,
+            flat.scale,
+            flat.method,
+            tuple(devices),
+            tuple(fields),
+            tuple(targets),
+        )
+
+    def device_index(self, device_id) -> np.ndarray:
+        """Return indices into :attr:`devices` of ``device_id`` (ints, names, tensors)."""
+        if hasattr(device_id, "detach"):  # a torch tensor
+            device_id = device_id.detach().cpu().numpy()
+        ids = np.asarray(device_id)
+        if ids.dtype.kind in "US":
+            index = {d: i for i, d in enumerate(self.devices)}
+            unknown = [d for d in ids.ravel().tolist() if d not in index]
+            if unknown:
+                raise ValueError(
+                    f"DeviceNormalizer has no numbers for devices {unknown[:5]}; it knows "
+                    f"{list(self.devices)[:8]}"
+                )
+            ids = np.vectorize(index.__getitem__, otypes=[np.int64])(ids)
+        if ids.dtype.kind not in "iu":
+            raise TypeError(f"device_id must be integers or device names; got {device_id!r}")
+        if ids.size and (ids.min() < 0 or ids.max() >= len(self.devices)):
+            raise ValueError(
+                f"device_id must index the {len(self.devices)} devices of this normalizer; "
+                f"got {ids.ravel().tolist()[:8]}"
+            )
+        return ids.astype(np.int64)
+
+    def device_params(self, device_id, fields: Sequence[str] | None = None):
+        """Return (shift, scale) arrays of shape ``device_id.shape + (len(fields),)``."""
+        fields = self.targets if fields is None else tuple(fields)
+        unknown = [f for f in fields if f not in self.device_fields]
+        if unknown:
+            raise ValueError(
+                f"DeviceNormalizer has no numbers for fields {unknown}; it knows "
+                f"{list(self.device_fields)}"
+            )
+        cols = [self.device_fields.index(f) for f in fields]
+        shape = (len(self.devices), len(self.device_fields))
+        ids = self.device_index(device_id)
+        shift = np.asarray(self.shift).reshape(shape)[:, cols][ids]
+        scale = np.asarray(self.scale).reshape(shape)[:, cols][ids]
+        return shift, scale
+
+    def inverse(self, values, device_id=None, fields: Sequence[str] | None = None):
+        """Undo the normalization of ``values`` of devices ``device_id``.
+
+        ``values``: (..., len(fields)) for one device, or (batch, ..., len(fields)) with
+        ``device_id`` of shape (batch,) (a batch's ``device_id``); ``fields`` default to the
+        targets. ``inverse(values, ["dev.field", ...])`` works as :meth:`Normalizer.inverse`.
+        """
+        if device_id is None or (
+            isinstance(device_id, (list, tuple))
+            and device_id
+            and all(isinstance(f, str) and f in self.fields for f in device_id)
+        ):
+            return super().inverse(values, device_id)
+        shift, scale = self.device_params(device_id, fields)
+        if shift.ndim == 2:  # one row per batch item: broadcast over its steps
+            extra = values.ndim - 2
+            shift = shift.reshape(shift.shape[:1] + (1,) * extra + shift.shape[1:])
+            scale = scale.reshape(scale.shape[:1] + (1,) * extra + scale.shape[1:])
+        return _affine(values, shift, scale, inverse=True)
+
+
 def _affine(values, shift: np.ndarray, scale: np.ndarray, inverse: bool):
     if isinstance(values, np.ndarray):
         shift, scale = shift.astype(values.dtype), scale.astype(values.dtype)
@@ -156,9 +255,11 @@ def series_stats(
     """Return statistics per name, each over the catalog columns listed for it.
 
     Without ``exact``: ``count``, ``min``, ``max``, ``mean`` from the files' metadata, no value
-    read (``"source": "metadata"``, ``std`` None). With ``exact``: one streaming pass over the
-    values (float64, ``block_rows`` rows per read, nulls skipped) adds the population ``std``
-    and recounts ``count`` and ``mean`` (``"source": "data"``).
+    read (``"source": "metadata"``, ``std`` None; min / max of whole files even where a time
+    range cuts a series, whose ``count`` is then None). With ``exact``: one streaming pass over
+    the values in range (float64, ``block_rows`` rows per read, nulls skipped) adds the
+    population ``std`` and recounts ``count``, ``min``, ``max`` and ``mean``
+    (``"source": "data"``).
     """
     out = {}
     for name, cols in names.items():
@@ -192,6 +293,8 @@ def series_stats(
         counted = int(moments.count[j])
         out[name].update(
             count=counted,
+            min=float(moments.min[j]) if counted else None,
+            max=float(moments.max[j]) if counted else None,
             mean=float(moments.mean[j]) if counted else None,
             std=float(moments.std[j]) if counted else None,
             source="data",
@@ -205,7 +308,9 @@ def make_normalizer(
     """Resolve a ``normalize=`` argument for a dataset whose values are ``names``.
 
     ``None`` stays None; a :class:`Normalizer` must know every name; ``"minmax"`` builds one
-    from ``stats(False)`` (metadata, no read), ``"standard"`` from ``stats(True)`` (one pass).
+    from ``stats(False)`` (metadata, no read) unless a time range cuts a series (then the
+    metadata's min / max are the whole file's: one pass over the rows in range), ``"standard"``
+    from ``stats(True)`` (one pass over the rows in range).
     """
     if normalize is None:
         return None
@@ -216,4 +321,7 @@ def make_normalizer(
         raise ValueError(
             f"normalize must be None, 'minmax', 'standard' or a Normalizer; got {normalize!r}"
         )
-    return Normalizer.from_stats(stats(normalize == "standard"), normalize)
+    found = stats(normalize == "standard")
+    if any(s["count"] is None for s in found.values()):  # a time cut: min / max from the rows
+        found = stats(True)
+    return Normalizer.from_stats(found, normalize)

@@ -21,6 +21,7 @@ device decodes it), and a batch from any devices is then one gather.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -31,8 +32,10 @@ import torch.utils.data as tud
 
 from tsfile_torch.catalog.build import device_name, lay_out, subset_catalog
 from tsfile_torch.data.core import DatasetCore
+from tsfile_torch.data.features import check_time_features, fill_missing, time_features
+from tsfile_torch.data.normalize import DeviceNormalizer, Normalizer, make_normalizer
 from tsfile_torch.errors import SchemaError
-from tsfile_torch.options import ReadOptions, check_int
+from tsfile_torch.options import ReadOptions, check_bool, check_choice, check_int, to_timestamp
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
@@ -42,6 +45,11 @@ __all__ = ["TsFileWindowDataset", "WindowBatch", "WindowInfo", "collate_windows"
 #: Device rows per decoded block (Note: window blocks): ~3 pages of the writer's defaults.
 DEFAULT_WINDOW_BLOCK_ROWS = 32768
 _DEFAULT_CACHE_BYTES = 256 << 20
+#: ``column``: one scale per field over every device; ``device``: per device and field.
+NORMALIZE_BY = ("column", "device")
+#: ``length``: every window equally likely (a device in proportion to its windows);
+#: ``uniform``: every device equally likely, then one of its windows (order="random").
+DEVICE_WEIGHTS = ("length", "uniform")
 
 
 class WindowInfo(NamedTuple):
@@ -59,13 +67,17 @@ class WindowBatch(Sequence):
     :func:`collate_windows` hands the stacked tensors over as they are.
     """
 
-    def __init__(self, parts: tuple[torch.Tensor, ...]):
+    def __init__(self, parts: tuple[torch.Tensor, ...], keys: tuple[str, ...] | None = None):
         self.parts = parts
+        #: names of the parts when items are dicts (``return_dict=True``)
+        self.keys = keys
 
     def __len__(self) -> int:
         return len(self.parts[0])
 
     def __getitem__(self, i):
+        if self.keys is not None:
+            return {key: p[i] for key, p in zip(self.keys, self.parts, strict=True)}
         if len(self.parts) == 1:
             return self.parts[0][i]
         return tuple(p[i] for p in self.parts)
@@ -74,10 +86,12 @@ class WindowBatch(Sequence):
 def collate_windows(batch):
     """``collate_fn`` for window batches: stacked tensors without a Python object per window.
 
-    A :class:`WindowBatch` becomes ``x`` or the tuple ``(x, y, ...)`` of batched tensors;
-    anything else goes to ``default_collate``.
+    A :class:`WindowBatch` becomes ``x``, the tuple ``(x, y, ...)`` or (``return_dict=True``)
+    the dict of batched tensors; anything else goes to ``default_collate``.
     """
     if isinstance(batch, WindowBatch):
+        if batch.keys is not None:
+            return dict(zip(batch.keys, batch.parts, strict=True))
         return batch.parts[0] if len(batch.parts) == 1 else batch.parts
     return tud.default_collate(batch)
 
@@ -133,11 +147,44 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         shuffle: ``True`` means ``order="shuffle"``.
         seed, drop_last, shuffle_blocks, rank, world_size: as for the row datasets.
         num_samples: windows per epoch of ``order="random"``.
+        device_weights: with ``order="random"``: ``"length"`` (default; every window equally
+            likely, so a device in proportion to its windows) or ``"uniform"`` (every device
+            with windows equally likely, then one of its windows), as Uni2TS samples series.
+        return_dict: items are dicts in Hugging Face's naming instead of tuples:
+            ``past_values`` (context, columns), ``past_observed_mask`` (1.0 where a value was
+            read, 0.0 where it is null or an alignment gap), ``past_time`` (int64), the same
+            ``future_*`` for the horizon and targets (none with ``horizon=0``), ``device_id``
+            (int64 index into :attr:`devices`) and ``static_categorical_features`` (int64 code
+            of each tag value of the device, per tag level: an index into :attr:`tag_vocab`).
+            Batched by :func:`collate_windows` into a dict of stacked tensors.
+        time_features: with ``return_dict``, calendar features of the timestamps (in
+            ``time_unit``) as ``past_time_features`` / ``future_time_features``, shape
+            (steps, len(time_features)), GluonTS's encoding in [-0.5, 0.5]; names from
+            :data:`~tsfile_torch.data.features.TIME_FEATURES` (``"hour_of_day"``...).
+        min_context: windows may start before a device's first row as long as their context
+            holds at least this many rows of it (GluonTS's ``is_pad``): the steps before are
+            padding, NaN in the values (filled as ``fill`` says), 0 in the observed mask, with
+            timestamps extrapolated back by the device's first step. ``None``: whole windows.
+        max_missing: drop windows whose fraction of missing values (nulls and padding, over
+            the context's columns and the horizon's targets) exceeds it, in [0, 1]; ``None``
+            keeps all. Cost: the selected fields of every device are read once when the
+            dataset is built (and 8 bytes per kept window are held), so ``len(ds)`` is exact.
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``read_backend``,
-            ``dtype``, ``normalize`` (per field, every device alike), ``align`` / ``fill`` (for
-            fields of one device with different timestamps), ``cache``, ``cache_bytes`` (the
+            ``dtype``, ``normalize`` (per field, every device alike), ``align`` (for fields of one
+            device with different timestamps), ``fill`` (``"zero"`` / ``"ffill"`` fill nulls
+            and alignment gaps; ffill carries values within a window only with
+            ``return_dict``, where alignment leaves gaps to the window so masks stay exact),
+            ``cache``, ``cache_bytes`` (the
             window-block cache, default 256 MiB), ``block_rows`` (default 32,768),
             ``start_time`` / ``end_time``, ``storage_options``, ``validate``...).
+        normalize_by: with ``normalize=``: ``"column"`` (one shift / scale per field over
+            every device) or ``"device"`` (per device and field, from the device's own rows,
+            like pytorch-forecasting's GroupNormalizer; ``ds.normalizer`` is a
+            :class:`~tsfile_torch.data.normalize.DeviceNormalizer` whose
+            ``inverse(y, device_id)`` undoes it). Statistics cover only the rows inside
+            ``start_time`` / ``end_time``. Default: ``"device"`` when ``normalize`` is a
+            DeviceNormalizer (a training dataset's, handed to its validation dataset), else
+            ``"column"``.
 
     Raises:
         ValueError, TypeError: bad arguments. SchemaError: unknown devices or fields, a device
@@ -166,23 +213,77 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         num_samples: int | None = None,
         rank: int | None = None,
         world_size: int | None = None,
+        return_dict: bool = False,
+        time_features: Sequence[str] | None = None,
+        normalize_by: str | None = None,
+        min_context: int | None = None,
+        max_missing: float | None = None,
+        device_weights: str = "length",
         **read_options,
     ):
+        self._arguments = dict(
+            sources=sources,
+            context_length=context_length,
+            horizon=horizon,
+            stride=stride,
+            columns=columns,
+            targets=targets,
+            devices=devices,
+            order=order,
+            shuffle=shuffle,
+            seed=seed,
+            drop_last=drop_last,
+            shuffle_blocks=shuffle_blocks,
+            num_samples=num_samples,
+            rank=rank,
+            world_size=world_size,
+            return_dict=return_dict,
+            time_features=time_features,
+            normalize_by=normalize_by,
+            min_context=min_context,
+            max_missing=max_missing,
+            device_weights=device_weights,
+            **read_options,
+        )  # what split_by_time builds its two datasets from
         read = ReadOptions(**read_options)
+        if normalize_by is None:  # a training dataset's per-device normalizer says "device"
+            normalize_by = "device" if isinstance(read.normalize, DeviceNormalizer) else "column"
+        self.normalize_by = check_choice("normalize_by", normalize_by, NORMALIZE_BY)
+        self.return_dict = check_bool("return_dict", return_dict)
+        self.time_features = check_time_features(time_features)
+        if self.time_features and not self.return_dict:
+            raise ValueError(
+                "time_features are part of dict items: pass return_dict=True with time_features"
+            )
+        # dict items carry observed masks: alignment leaves gaps NaN, the window fills them
+        self._align_fill = "nan" if self.return_dict else read.fill
         self.context_length = check_int("context_length", context_length, 1, 2**40)
         self.horizon = check_int("horizon", horizon, 0, 2**40)
         self.stride = check_int("stride", stride, 1, 2**40)
+        #: observed context rows the first windows of a device need (the rest is padding)
+        self.min_context = check_int(
+            "min_context", min_context, 1, self.context_length, allow_none=True
+        )
+        self.max_missing = _check_fraction("max_missing", max_missing)
+        self.device_weights = check_choice("device_weights", device_weights, DEVICE_WEIGHTS)
         columns, targets = _names("columns", columns), _names("targets", targets)
         patterns = _names("devices", devices)
         spec = OrderSpec(
             orders.resolve_order(order, shuffle), seed, drop_last, shuffle_blocks, num_samples
         )
+        if self.device_weights != "length" and spec.order != "random":
+            raise ValueError(
+                f"device_weights={self.device_weights!r} goes with order='random' (windows drawn "
+                f"per epoch); got order={spec.order!r}"
+            )
         meta = self._setup(sources, read, spec, rank, world_size)
 
         fields_of: dict[str, dict[str, str]] = {}  # device -> field -> column name
+        device_of: dict[str, tuple] = {}  # device name -> (table, tag values...)
         for col in meta.numeric:
             shard = col.shards[0]
             fields_of.setdefault(device_name(shard.device), {})[shard.measurement] = col.name
+            device_of[device_name(shard.device)] = tuple(shard.device)
         names = _match_devices(list(fields_of), patterns)
         if columns is None:
             shared = [f for f in fields_of[names[0]] if all(f in fields_of[d] for d in names)]
@@ -233,21 +334,75 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             for k, d in enumerate(names)
         ]
         self._devices = names
+        self._set_tags([device_of[d] for d in names])
         self._x_pos = [self.fields.index(f) for f in self.columns_x]
         self._y_pos = [self.fields.index(f) for f in self.targets]
-        length = self.context_length + self.horizon
         spans = np.array([t.num_rows for t in tables], dtype=np.int64)
-        counts = np.where(spans >= length, (spans - length) // self.stride + 1, 0)
-        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        if self._first[-1] == 0:
+        needed = self.context_length - self._padding + self.horizon
+        if spans.max() < needed:
             raise SchemaError(
-                f"no device has {length} rows (context_length {self.context_length} + horizon "
-                f"{self.horizon}) in range; the longest has {int(spans.max())}: use shorter "
-                f"windows, more data or a wider time range"
+                f"no device has {needed} rows (context_length {self.context_length} + horizon "
+                f"{self.horizon}{' - padding' if self._padding else ''}) in range; the longest "
+                f"has {int(spans.max())}: use shorter windows, more data or a wider time range"
             )
         self._blocks: BlockCache | None = None
         self._finish(catalog, tables, self.fields)
+        self._set_windows(np.full(len(names), -self._padding, dtype=np.int64))
+        if not len(self):
+            raise SchemaError(
+                f"every window has more than max_missing={self.max_missing} of its values "
+                f"missing; raise max_missing or pick other fields / devices"
+            )
         self._check_sharding(1)
+
+    @property
+    def _padding(self) -> int:
+        """Rows of left padding the first window of a device may have (``min_context``)."""
+        return 0 if self.min_context is None else self.context_length - self.min_context
+
+    def _set_windows(self, lowest: np.ndarray) -> None:
+        """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
+
+        Rows below 0 are left padding (``min_context``). With ``max_missing`` every device is
+        read once here and the windows over it are dropped (Note: window numbering).
+        """
+        length = self.context_length + self.horizon
+        room = np.array([t.num_rows for t in self.tables], dtype=np.int64) - lowest
+        counts = np.where(room >= length, (room - length) // self.stride + 1, 0)
+        #: device row of each device's first window (negative: padded; split_by_time moves it)
+        self._offset = lowest.astype(np.int64)
+        #: with max_missing: the start row of every window kept, device by device
+        self._starts: np.ndarray | None = None
+        if self.max_missing is not None:
+            kept = []
+            for k, count in enumerate(counts.tolist()):
+                starts = self._offset[k] + np.arange(count, dtype=np.int64) * self.stride
+                kept.append(starts[self._missing_fraction(k, starts) <= self.max_missing])
+            counts = np.array([len(s) for s in kept], dtype=np.int64)
+            self._starts = np.concatenate(kept) if kept else np.zeros(0, dtype=np.int64)
+            self.close()  # the reader used here is not carried into workers
+        self._first = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        if self.device_weights == "uniform":  # a block per device with windows, equal weights
+            blocks = int((counts > 0).sum())
+            self.order_spec = dataclasses.replace(self.order_spec, block_weights=(1.0,) * blocks)
+
+    def _missing_fraction(self, k: int, starts: np.ndarray) -> np.ndarray:
+        """Return the fraction of missing (null or padded) values of each window of device k."""
+        table, n = self.tables[k], self.tables[k].num_rows
+        miss_x, miss_y = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
+        for lo in range(0, n, self.block_rows):
+            hi = min(lo + self.block_rows, n)
+            values, _ = table.read(self.reader, lo, hi)
+            nan = np.isnan(values)
+            miss_x[lo + 1 : hi + 1] = nan[:, self._x_pos].sum(axis=1)
+            miss_y[lo + 1 : hi + 1] = nan[:, self._y_pos].sum(axis=1)
+        miss_x, miss_y = np.cumsum(miss_x), np.cumsum(miss_y)
+        c, h = self.context_length, self.horizon
+        first = np.maximum(starts, 0)
+        padded = (first - starts) * len(self._x_pos)
+        missing = padded + miss_x[starts + c] - miss_x[first] + miss_y[starts + c + h]
+        missing -= miss_y[starts + c]
+        return missing / (c * len(self._x_pos) + h * len(self._y_pos))
 
     # -- items ------------------------------------------------------------------------------
     @property
@@ -263,6 +418,18 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     def __len__(self) -> int:
         return int(self._first[-1])
 
+    def _set_tags(self, devices: list[tuple]) -> None:
+        """Code each device's tag values (table model: the values after the table name)."""
+        levels = max(len(d) - 1 for d in devices)
+        tags = [[str(v) if v is not None else "" for v in d[1:]] for d in devices]
+        tags = [t + [""] * (levels - len(t)) for t in tags]
+        #: per tag level (schema order), its values; a code is an index into this list
+        self.tag_vocab: list[list[str]] = [sorted({t[j] for t in tags}) for j in range(levels)]
+        self._tag_codes = np.array(
+            [[self.tag_vocab[j].index(t[j]) for j in range(levels)] for t in tags],
+            dtype=np.int64,
+        ).reshape(len(devices), levels)
+
     def window_counts(self) -> dict[str, int]:
         """Windows per device."""
         return {d: int(self._first[k + 1] - self._first[k]) for k, d in enumerate(self._devices)}
@@ -274,10 +441,12 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             for k in range(len(self._devices)):
                 first, count = int(self._first[k]), int(self._first[k + 1] - self._first[k])
                 if count:
-                    block = np.arange(count) * self.stride // self.block_rows
+                    block = np.maximum(self._window_starts(k), 0) // self.block_rows
                     cuts = np.flatnonzero(np.diff(block)) + 1
                     bounds.extend((first + np.r_[0, cuts]).tolist())
             return np.array(bounds + [len(self)], dtype=np.int64), 1
+        if self.order_spec.block_weights is not None:  # device_weights="uniform": per device
+            return np.unique(self._first), 1
         return np.array([0, len(self)], dtype=np.int64), 1
 
     def _batch_key(self, items: np.ndarray, batch_size: int | None) -> list[int]:
@@ -300,15 +469,72 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             raise IndexError(f"window index {int(idx[bad][0])} out of range for {n} windows")
         idx = idx % n
         k = np.searchsorted(self._first, idx, side="right") - 1
-        return k, (idx - self._first[k]) * self.stride
+        if self._starts is not None:
+            return k, self._starts[idx]
+        return k, self._offset[k] + (idx - self._first[k]) * self.stride
+
+    def _window_starts(self, k: int) -> np.ndarray:
+        """Return the start rows of device ``k``'s windows."""
+        first, stop = int(self._first[k]), int(self._first[k + 1])
+        if self._starts is not None:
+            return self._starts[first:stop]
+        return self._offset[k] + np.arange(stop - first, dtype=np.int64) * self.stride
+
+    def split_by_time(self, t) -> tuple[TsFileWindowDataset, TsFileWindowDataset]:
+        """Return ``(train, validation)`` datasets split at time ``t``.
+
+        ``train``: this dataset's arguments with ``end_time`` before ``t``, so every train
+        window ends before ``t`` (its ``normalize=`` statistics come from those rows only).
+        ``validation``: the windows whose horizon starts at or after ``t`` (the first one of
+        each device forecasts from its first row at or after ``t``; windows keep this dataset's
+        stride from there), their context possibly before ``t``; same devices in the same
+        order as ``train`` (so ``device_id`` means the same), normalized with ``train``'s
+        normalizer. Both keep every other argument (order, seed, time features...).
+
+        Args:
+            t: a timestamp in ``time_unit``, a datetime (naive = UTC), ``pandas.Timestamp``,
+                ``numpy.datetime64`` or an ISO-8601 string.
+
+        Raises:
+            ValueError: ``horizon`` is 0 (nothing is forecast), or ``t`` outside the time range.
+            SchemaError: no device has a whole window before ``t``, or none after it.
+        """
+        if not self.horizon:
+            raise ValueError("split_by_time needs horizon >= 1: validation windows forecast from t")
+        cut = to_timestamp("t", t, self.options.time_unit)
+        lo, hi = self.options.start_time, self.options.end_time
+        if (lo is not None and cut <= lo) or (hi is not None and cut > hi):
+            raise ValueError(
+                f"split_by_time: t={cut} must lie in (start_time, end_time] = ({lo}, {hi}]"
+            )
+        train = type(self)(**{**self._arguments, "end_time": cut - 1})
+        arguments = {**self._arguments, "devices": train.devices}
+        if train.normalizer is not None:
+            arguments.update(normalize=train.normalizer, normalize_by=train.normalize_by)
+        validation = type(self)(**arguments)
+        before = [table.num_rows for table in train.tables]  # each device's rows before t
+        validation._forecast_from(np.asarray(before, dtype=np.int64), cut)
+        return train, validation
+
+    def _forecast_from(self, rows_before: np.ndarray, cut: int) -> None:
+        """Keep the windows whose horizon starts at device row ``rows_before[k]`` or later."""
+        self._set_windows(np.maximum(rows_before - self.context_length, -self._padding))
+        if self._first[-1] == 0:
+            raise SchemaError(
+                f"split_by_time: no device has a whole window forecasting from t={cut} "
+                f"(context_length {self.context_length} + horizon {self.horizon} rows); pick "
+                f"an earlier t"
+            )
+        self._check_sharding(1)
 
     def window_info(self, index: int) -> WindowInfo:
         """Return (device, first device row, first timestamp) of window ``index``."""
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an integer window number; got {index!r}")
         k, row = (int(a[0]) for a in self._locate([index]))
-        _, times = self._block(k, row // self.block_rows)
-        return WindowInfo(self._devices[k], row, int(times[row % self.block_rows]))
+        real = max(row, 0)  # a padded window: the time of its first real row
+        _, times = self._block(k, real // self.block_rows)
+        return WindowInfo(self._devices[k], row, int(times[real % self.block_rows]))
 
     def __getitem__(self, index):
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
@@ -321,13 +547,13 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             raise IndexError("__getitems__ needs at least one window index")
         self._start_epoch(self.epoch or 0)
         length = self.context_length + self.horizon
-        k, row = self._locate(indices)
+        k, start = self._locate(indices)
+        row = np.maximum(start, 0)  # padded windows gather from row 0, then shift (below)
         steps = np.arange(length)
         dtype = np.float64 if self.options.dtype == "float64" else np.float32
         values = _batch_array((len(k), length, len(self.fields)), dtype)
-        times = (
-            np.empty((len(k), length), dtype=np.int64) if self.options.return_timestamps else None
-        )
+        keep_times = self.options.return_timestamps or self.return_dict
+        times = np.empty((len(k), length), dtype=np.int64) if keep_times else None
         store = self._memory()
         if store is not None:  # every device kept whole, in one array: one gather
             for dk in np.unique(k):
@@ -336,7 +562,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             np.take(store.values, pick, axis=0, out=values)
             if times is not None:
                 times[:] = store.times[pick]
-            return self._items(values, times)
+            return self._items(*_pad(values, times, start), k)
         first_block = row // self.block_rows
         key = k * (1 << 40) + first_block
         order = np.argsort(key, kind="stable")
@@ -352,10 +578,17 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             values[members] = block_values[pick]
             if times is not None:
                 times[members] = block_times[pick]
-        return self._items(values, times)
+        return self._items(*_pad(values, times, start), k)
 
-    def _items(self, values: np.ndarray, times: np.ndarray | None) -> WindowBatch:
+    def _items(self, values: np.ndarray, times: np.ndarray | None, k: np.ndarray) -> WindowBatch:
         c = self.context_length
+        missing = np.isnan(values) if self.return_dict or self.options.fill != "nan" else None
+        if missing is not None:
+            # before a window's first value ffill has nothing to carry: tuples keep NaN there
+            # (as align's ffill before a series' first sample), dict items 0 (masked)
+            fill_missing(values, missing, self.options.fill, 0.0 if self.return_dict else np.nan)
+        if self.return_dict:
+            return self._dict_items(values, times, k, missing)
         identity = self._x_pos == list(range(len(self.fields)))
         x = torch.from_numpy(values[:, :c] if identity else values[:, :c, self._x_pos])
         parts = [x]
@@ -370,6 +603,42 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             stamps = torch.from_numpy(times)
             parts += [stamps[:, :c], stamps[:, c:]] if self.horizon else [stamps]
         return WindowBatch(tuple(parts))
+
+    def _dict_items(
+        self, values: np.ndarray, times: np.ndarray, k: np.ndarray, missing: np.ndarray
+    ) -> WindowBatch:
+        """Return the windows as Hugging Face style dict items (``return_dict=True``)."""
+        c, out_dtype = self.context_length, getattr(torch, self.options.dtype)
+        # in a worker, in shared memory from the start, as the values (see _batch_array)
+        observed = _batch_array(values.shape, values.dtype)
+        np.logical_not(missing, out=observed, casting="unsafe")
+        feats = None
+        if self.time_features:
+            feats = _batch_array(times.shape + (len(self.time_features),), np.float32)
+            feats[...] = time_features(times, self.time_features, self.options.time_unit)
+        everything = list(range(len(self.fields)))
+        keys, parts = [], []
+
+        def add(key, array, cast=False):
+            keys.append(key)
+            tensor = torch.from_numpy(array)
+            parts.append(tensor.to(out_dtype) if cast and tensor.dtype != out_dtype else tensor)
+
+        for side, steps, pos in (
+            ("past", slice(None, c), self._x_pos),
+            ("future", slice(c, None), self._y_pos),
+        ):
+            if side == "future" and not self.horizon:
+                break
+            fields = slice(None) if pos == everything else pos  # a view when it can be
+            add(f"{side}_values", values[:, steps, fields], cast=True)
+            add(f"{side}_observed_mask", observed[:, steps, fields], cast=True)
+            add(f"{side}_time", times[:, steps])
+            if self.time_features:
+                add(f"{side}_time_features", feats[:, steps])
+        add("device_id", np.asarray(k, dtype=np.int64))
+        add("static_categorical_features", self._tag_codes[k])
+        return WindowBatch(tuple(parts), tuple(keys))
 
     # -- blocks -----------------------------------------------------------------------------
     def _reader_overrides(self) -> dict:
@@ -425,7 +694,33 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             self._rows(k, lo, min(lo + self.block_rows, n))
 
     def _table_names(self, table: int) -> list[str]:
+        if self.normalize_by == "device":
+            return [f"{self._devices[table]}.{f}" for f in self.fields]
         return self.fields
+
+    def _make_normalizer(self, names: list[str]) -> Normalizer | None:
+        if self.normalize_by == "column":
+            return super()._make_normalizer(names)
+        normalize = self.options.normalize
+        qualified = [n for k in range(len(self._devices)) for n in self._table_names(k)]
+        if isinstance(normalize, Normalizer) and not isinstance(normalize, DeviceNormalizer):
+            raise ValueError(
+                f"normalize_by='device' takes normalize='minmax', 'standard', None or a "
+                f"DeviceNormalizer (a training dataset's ds.normalizer); got {normalize!r}"
+            )
+        flat = make_normalizer(normalize, qualified, self._device_stats)
+        if flat is None or isinstance(flat, DeviceNormalizer):
+            return flat
+        return DeviceNormalizer.from_normalizer(flat, self._devices, self.fields, self.targets)
+
+    def _device_stats(self, exact: bool) -> dict[str, dict]:
+        """Statistics per device and field (``device.field``), rows in range only."""
+        names = {
+            f"{d}.{f}": [self.tables[k].columns[j]]
+            for k, d in enumerate(self._devices)
+            for j, f in enumerate(self.fields)
+        }
+        return self._stats(names, exact)
 
     @property
     def cached_bytes(self) -> int:
@@ -441,6 +736,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     def __getstate__(self):
         out = super().__getstate__()
         out["_blocks"] = None
+        out["_arguments"] = None  # sources may be open file objects; split before pickling
         return out
 
     # -- statistics -------------------------------------------------------------------------
@@ -462,6 +758,35 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             f"stride={self.stride}, columns={self.columns_x}, targets={self.targets}, "
             f"order={self.order_spec.order!r})"
         )
+
+
+def _pad(values: np.ndarray, times: np.ndarray | None, start: np.ndarray):
+    """Shift the windows gathered from row 0 for a negative ``start`` right, padding with NaN.
+
+    Padded steps get timestamps extrapolated back with the device's first step.
+    """
+    if start.min() >= 0:
+        return values, times
+    for i in np.flatnonzero(start < 0).tolist():
+        p = min(-int(start[i]), values.shape[1])
+        values[i, p:] = values[i, : values.shape[1] - p].copy()
+        values[i, :p] = np.nan
+        if times is not None:
+            real = times[i, : times.shape[1] - p].copy()
+            step = int(real[1] - real[0]) if len(real) > 1 else 0
+            times[i, p:] = real
+            times[i, :p] = real[0] - step * np.arange(p, 0, -1)
+    return values, times
+
+
+def _check_fraction(name: str, value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
+        raise TypeError(f"{name} should be a fraction in [0, 1] or None, but got {name}={value!r}")
+    if not 0 <= value <= 1:
+        raise ValueError(f"{name} should be a fraction in [0, 1], but got {name}={value!r}")
+    return float(value)
 
 
 def _batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:

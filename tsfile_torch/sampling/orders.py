@@ -12,7 +12,9 @@ layout alone, computed in four steps written once here and used by every dataset
    shards: the blocks are permuted, taken ``shuffle_blocks`` at a time, and the items of each
    group permuted together: a batch mixes items from up to ``shuffle_blocks`` places, a
    process holds about that many decoded blocks, and each block is decoded about once per
-   epoch) and ``"random"`` (``num_samples`` items drawn uniformly with replacement).
+   epoch) and ``"random"`` (``num_samples`` items drawn with replacement: uniformly, or with
+   ``block_weights`` a block drawn with those probabilities, then an item of it uniformly:
+   a window dataset's devices sampled uniformly, a mixture's datasets by their weights).
 2. **Ranks** (:func:`shard_for_rank`): the epoch's items are padded by wrapping around (as
    ``DistributedSampler`` pads: at most ``world_size - 1`` repeated items) or trimmed
    (``drop_last``) to a multiple of the world size, and rank ``r`` takes the ``r``-th
@@ -33,6 +35,7 @@ layout alone, computed in four steps written once here and used by every dataset
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -72,6 +75,8 @@ class OrderSpec:
         drop_last: trim ranks to equal counts and drop short last batches, instead of padding.
         shuffle_blocks: blocks whose items ``"shuffle"`` mixes together (the buffer).
         num_samples: items per epoch of ``"random"``.
+        block_weights: with ``"random"``, the probability weight of each block (then an item
+            of the drawn block, uniformly); ``None``: every item equally likely.
     """
 
     order: str = "sequential"
@@ -79,6 +84,7 @@ class OrderSpec:
     drop_last: bool = False
     shuffle_blocks: int = 16
     num_samples: int | None = None
+    block_weights: tuple[float, ...] | None = None
 
     def __post_init__(self):
         check_choice("order", self.order, ORDERS)
@@ -94,17 +100,30 @@ class OrderSpec:
                 "order='random' needs num_samples (items per epoch), and num_samples goes with "
                 f"order='random' only; got order={self.order!r}, num_samples={samples!r}"
             )
+        if self.block_weights is not None:
+            weights = np.asarray(self.block_weights, dtype=np.float64)
+            if self.order != "random" or not len(weights):
+                raise ValueError("block_weights go with order='random' and at least one block")
+            if not np.isfinite(weights).all() or (weights < 0).any() or weights.sum() <= 0:
+                raise ValueError(
+                    f"block_weights must be finite, >= 0 and not all 0; got {self.block_weights}"
+                )
+            object.__setattr__(self, "block_weights", tuple(weights.tolist()))
 
     @property
     def identity(self) -> dict:
         """What the order depends on besides the epoch (saved and checked with a state)."""
-        return {
+        out = {
             "order": self.order,
             "seed": self.seed,
             "drop_last": self.drop_last,
             "shuffle_blocks": self.shuffle_blocks,
             "num_samples": self.num_samples,
         }
+        if self.block_weights is not None:  # absent otherwise: earlier states stay valid
+            digest = hashlib.sha1(np.asarray(self.block_weights).tobytes()).hexdigest()[:16]
+            out["block_weights"] = digest
+        return out
 
 
 def resolve_order(order: str | None, shuffle: bool | None, default: str = "sequential") -> str:
@@ -143,6 +162,8 @@ def epoch_items(spec: OrderSpec, block_starts: np.ndarray, epoch: int) -> np.nda
         return np.arange(count, dtype=np.int64)
     if spec.order == "batches":
         return _rng(spec.seed, epoch, 0).permutation(count).astype(np.int64)
+    if spec.order == "random" and spec.block_weights is not None:
+        return _weighted_draw(spec, block_starts, epoch)
     if spec.order == "random":
         return _rng(spec.seed, epoch, 1).integers(0, count, size=spec.num_samples, dtype=np.int64)
     rng = _rng(spec.seed, epoch, 2)
@@ -157,6 +178,24 @@ def epoch_items(spec: OrderSpec, block_starts: np.ndarray, epoch: int) -> np.nda
         )
         parts.append(rng.permutation(members))
     return np.concatenate(parts).astype(np.int64) if parts else np.empty(0, np.int64)
+
+
+def _weighted_draw(spec: OrderSpec, block_starts: np.ndarray, epoch: int) -> np.ndarray:
+    """Draw ``num_samples`` items: a block by ``block_weights``, then an item of it uniformly."""
+    starts = np.asarray(block_starts, dtype=np.int64)
+    sizes = np.diff(starts)
+    weights = np.asarray(spec.block_weights, dtype=np.float64)
+    if len(weights) != len(sizes):
+        raise ValueError(
+            f"block_weights has {len(weights)} weights for {len(sizes)} blocks; give one per block"
+        )
+    weights = np.where(sizes > 0, weights, 0.0)
+    if weights.sum() <= 0:
+        raise ValueError("block_weights put every weight on empty blocks; nothing to draw")
+    rng = _rng(spec.seed, epoch, 3)
+    blocks = rng.choice(len(weights), size=spec.num_samples, p=weights / weights.sum())
+    within = (rng.random(spec.num_samples) * sizes[blocks]).astype(np.int64)
+    return (starts[blocks] + np.minimum(within, sizes[blocks] - 1)).astype(np.int64)
 
 
 def rank_count(count: int, world_size: int, drop_last: bool) -> int:
