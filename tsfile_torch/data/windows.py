@@ -16,7 +16,8 @@ numpy indexing operation per block. The orders of :mod:`tsfile_torch.sampling.or
 block as the windows starting in it, so ``order="shuffle"`` mixes ``shuffle_blocks`` blocks at
 a time and a process decodes each block about once per epoch. ``cache="memory"`` keeps every
 device whole in the :class:`~tsfile_torch.read.memory.MemoryStore` instead (first read of a
-device decodes it), and a batch from any devices is then one gather.
+device decodes it), and a batch from any devices is then one gather; ``cache="disk"`` is the
+same store in a file mapped by every worker and later run (Note: decoded disk cache).
 """
 
 from __future__ import annotations
@@ -422,7 +423,9 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             return
         n = self.tables[k].num_rows
         for lo in range(0, n, self.block_rows):
-            self._rows(k, lo, min(lo + self.block_rows, n))
+            hi = min(lo + self.block_rows, n)
+            if not store.has(k, lo, hi):  # another process may have filled it (cache="disk")
+                self._rows(k, lo, hi)
 
     def _table_names(self, table: int) -> list[str]:
         return self.fields
@@ -430,7 +433,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     @property
     def cached_bytes(self) -> int:
         """Bytes of decoded values held in this process (blocks, or the memory store)."""
-        if self._store is not None:
+        if self._store:
             return self._store.nbytes
         return self._blocks.nbytes if self._blocks is not None else 0
 

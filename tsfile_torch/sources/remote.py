@@ -374,6 +374,8 @@ def _copies(directory: str) -> list[tuple[float, int, str]]:
         for entry in entries:
             if entry.name.endswith(".lock") or entry.name.startswith("."):
                 continue
+            if entry.is_dir(follow_symlinks=False):  # decoded/: the decoded cache's own bound
+                continue
             try:
                 st = entry.stat()
             except FileNotFoundError:
