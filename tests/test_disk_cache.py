@@ -283,6 +283,21 @@ def test_a_read_only_cache_dir_decodes_with_one_warning(rows_dir, tmp_path, tmpf
         os.chmod(diskcache.decoded_dir(str(tmp_path)), 0o755)
 
 
+def test_a_read_only_partial_entry_serves_exact_windows(panel_dir, tmp_path, tmpfs):
+    cache_dir, freeze = _read_only_dir(tmp_path, tmpfs)
+    _windows(panel_dir, "disk", cache_dir)[0]  # keeps one device of three
+    (entry,) = _entries(cache_dir)
+    assert 0 < entry.filled_rows < entry.rows
+    freeze()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _epochs(_windows(panel_dir, "disk", cache_dir), batch_size=64)
+        _same(got, _epochs(_windows(panel_dir, "none"), batch_size=64))
+    finally:
+        os.chmod(diskcache.decoded_dir(str(tmp_path)), 0o755)
+
+
 def test_an_entry_beyond_cache_limit_decodes_with_one_warning(rows_dir, tmp_path):
     _decodes_with_one_warning(rows_dir, tmp_path, "cache_limit", cache_limit=4096)
 
@@ -318,3 +333,12 @@ def test_cache_dir_defaults_under_xdg_cache_home(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert diskcache.decoded_dir() == str(tmp_path / "tsfile-torch" / "decoded")
     assert diskcache.decoded_dir("/x") == os.path.join("/x", "decoded")
+
+
+def test_an_entry_of_a_long_key_is_found_again(tmp_path):
+    key = diskcache.fingerprint({"columns": [f"table.device{i}.field" for i in range(2000)]})
+    store = diskcache.open_store([3, 4], 2, np.float32, key, str(tmp_path), 2**30)
+    store.put(1, 1, np.ones((2, 2), np.float32), np.array([5, 6]))
+    again = diskcache.open_store([3, 4], 2, np.float32, key, str(tmp_path), 2**30)
+    assert again.has(1, 1, 3) and not again.has(1, 0, 3)
+    np.testing.assert_array_equal(again.get(1, 1, 3)[1], [5, 6])

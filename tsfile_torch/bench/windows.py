@@ -176,62 +176,36 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     add(route, timings.seconds[0], read.rows, read.checksum == expected)
     stream.close()
 
-    shuffled = _dataset(
-        plan,
-        paths,
-        cache_bytes=cache_bytes,
-        shuffle=True,
-        seed=plan.seed,
-        shuffle_blocks=plan.blocks_per_shuffle,
-    )
-    for workers in plan.workers:
-        loader = make_loader(shuffled, batch_size=bs, num_workers=workers)
-        # the first pays worker start-up; report the second
-        timings, read = _epoch(loader, warmup=1, before=shuffled.set_epoch)
-        route = f"tsfile-torch streaming shuffled, workers={workers}"
-        add(route, timings.seconds[0], read.rows, read.checksum == expected)
-        del loader
-        shuffled.close()
-
-    cached = _dataset(plan, paths, cache="memory", order="batches", seed=plan.seed)
-    for workers in plan.workers:
-        loader = make_loader(cached, batch_size=bs, num_workers=workers)
-        timings, read = _epoch(loader, warmup=1, before=cached.set_epoch)  # the first decodes
+    def timed(ds, route: str, workers: int) -> None:
+        """Time the second epoch of ``ds`` (the first pays worker start-up, decodes, fills)."""
+        loader = make_loader(ds, batch_size=bs, num_workers=workers)
+        timings, read = _epoch(loader, warmup=1, before=ds.set_epoch)
         add(
-            f"tsfile-torch cached (memory), workers={workers}",
+            route,
             timings.seconds[0],
             read.rows,
             read.checksum == expected,
             extra={"first_epoch_seconds": timings.warmup_seconds[0]},
         )
         del loader
-        cached.close()
+        ds.close()
 
-    # the decoded disk cache, the streaming shuffled order: the first epoch fills the entry,
-    # the second is timed; a new dataset (a later run) then starts on the filled entry
+    shuffle = {"shuffle": True, "seed": plan.seed, "shuffle_blocks": plan.blocks_per_shuffle}
+    shuffled = _dataset(plan, paths, cache_bytes=cache_bytes, **shuffle)
+    for workers in plan.workers:
+        timed(shuffled, f"tsfile-torch streaming shuffled, workers={workers}", workers)
+
+    cached = _dataset(plan, paths, cache="memory", order="batches", seed=plan.seed)
+    for workers in plan.workers:
+        timed(cached, f"tsfile-torch cached (memory), workers={workers}", workers)
+
+    # the decoded disk cache in the streaming shuffled order: a first run fills the entry in
+    # its first epoch, a later run (a new dataset) starts on the filled entry
     with tempfile.TemporaryDirectory(prefix="tsfile-torch-decoded-") as decoded:
         for workers in plan.workers:
             for run in ("first run", "later run"):
-                disk = _dataset(
-                    plan,
-                    paths,
-                    cache="disk",
-                    cache_dir=decoded,
-                    shuffle=True,
-                    seed=plan.seed,
-                    shuffle_blocks=plan.blocks_per_shuffle,
-                )
-                loader = make_loader(disk, batch_size=bs, num_workers=workers)
-                timings, read = _epoch(loader, warmup=1, before=disk.set_epoch)
-                add(
-                    f"tsfile-torch disk shuffled, {run}, workers={workers}",
-                    timings.seconds[0],
-                    read.rows,
-                    read.checksum == expected,
-                    extra={"first_epoch_seconds": timings.warmup_seconds[0]},
-                )
-                del loader
-                disk.close()
+                disk = _dataset(plan, paths, cache="disk", cache_dir=decoded, **shuffle)
+                timed(disk, f"tsfile-torch disk shuffled, {run}, workers={workers}", workers)
             diskcache.clear(diskcache.decoded_dir(decoded))
 
     # TsFileDataFrame: one .loc per window, the first windows of the shuffled order, scaled

@@ -329,7 +329,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         times = (
             np.empty((len(k), length), dtype=np.int64) if self.options.return_timestamps else None
         )
-        store = self._memory()
+        store = self._device_store()
         if store is not None:  # every device kept whole, in one array: one gather
             for dk in np.unique(k):
                 self._whole_device(int(dk))
@@ -387,7 +387,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
 
     def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Return block ``b`` of device ``k`` with its windows' tails: values, times."""
-        store = self._memory()
+        store = self._device_store()
         if store is not None:
             self._whole_device(k)
             lo = b * self.block_rows
@@ -415,6 +415,23 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     @property
     def _dtype(self):
         return np.float64 if self.options.dtype == "float64" else np.float32
+
+    def _device_store(self):
+        """Return the store when devices can be kept whole in it (else None: read blocks).
+
+        A read-only disk cache (Note: decoded disk cache) serves only when it holds every
+        device already: rows it lacks could not be kept, and a gather must not read them.
+        """
+        store = self._memory()
+        if store is None or store.writable:
+            return store
+        if store is not self._checked_store:
+            whole = all(store.has_whole(k) for k in range(len(self.tables)))
+            self._checked_store, self._whole_store = store, whole
+        return store if self._whole_store else None
+
+    _checked_store = None
+    _whole_store = False
 
     def _whole_device(self, k: int) -> None:
         """Decode device ``k`` into the memory store (``cache="memory"``), once per process."""
@@ -444,6 +461,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     def __getstate__(self):
         out = super().__getstate__()
         out["_blocks"] = None
+        out.pop("_checked_store", None)
         return out
 
     # -- statistics -------------------------------------------------------------------------

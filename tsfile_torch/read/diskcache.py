@@ -14,7 +14,7 @@ epochs, later runs, other jobs on the machine) shares one decoded copy through t
   columns, the tables' layout, the stored dtype, the time range, alignment and fill, and the
   normalization numbers. A file rewritten in place changes its ctime (and a replaced one its
   inode), whatever was done to its mtime, so it gets a new entry; the old one ages out.
-- **Entry**: a 4 KiB header (magic, JSON: the key, shape, dtype, boot id), then the ``filled``
+- **Entry**: a header (magic, JSON: shape, dtype, boot id; the key), then the ``filled``
   bytes, the int64 timestamps and the values ``(rows, columns)``, each page aligned. Created
   once under an ``fcntl`` lock on ``<digest>.lock``, at full size with ``posix_fallocate`` (so a
   full disk is an error at creation, never a SIGBUS while writing a page), written to
@@ -43,21 +43,22 @@ import json
 import logging
 import mmap
 import os
+import struct
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from tsfile_torch.read.memory import MemoryStore
+from tsfile_torch.sources.remote import file_lock
 
 __all__ = ["CacheEntry", "clear", "decoded_dir", "entries", "fingerprint", "open_store"]
 
 logger = logging.getLogger(__name__)
 
 _MAGIC = b"TSFTDC01"
-_HEADER = 4096
 _PAGE = 4096
 _SUFFIX = ".tsc"
 _warned: set[str] = set()
@@ -88,41 +89,44 @@ def _round(n: int) -> int:
     return -(-n // _PAGE) * _PAGE
 
 
-def _layout(rows: int, columns: int, itemsize: int) -> tuple[int, int, int, int]:
-    """Return (times offset, values offset, file size, filled offset) of an entry."""
-    filled = _HEADER
-    times = filled + _round(rows)
+def _layout(head: int, rows: int, columns: int, itemsize: int) -> tuple[int, int, int, int]:
+    """Return (filled offset, times offset, values offset, file size) of an entry."""
+    times = head + _round(rows)
     values = times + _round(rows * 8)
-    return times, values, values + _round(rows * columns * itemsize), filled
+    return head, times, values, values + _round(rows * columns * itemsize)
 
 
 class _Damaged(Exception):
     """An entry whose header or size does not match what is expected of it."""
 
 
-def _read_header(fd: int) -> dict:
-    raw = os.pread(fd, _HEADER, 0)
-    if len(raw) < _HEADER or not raw.startswith(_MAGIC):
+def _header(fd: int) -> tuple[dict, bytes, int]:
+    """Return (metadata, key, header bytes) of an entry: magic, two lengths, JSON, key."""
+    raw = os.pread(fd, 16, 0)
+    if len(raw) < 16 or not raw.startswith(_MAGIC):
         raise _Damaged("bad header")
+    meta_len, key_len = struct.unpack("<II", raw[8:16])
+    body = os.pread(fd, meta_len + key_len, 16) if meta_len + key_len < 1 << 28 else b""
+    if len(body) != meta_len + key_len:
+        raise _Damaged("bad header (truncated?)")
     try:
-        return json.loads(raw[len(_MAGIC) :].split(b"\0", 1)[0])
+        meta = json.loads(body[:meta_len])
     except ValueError as err:
         raise _Damaged(f"bad header ({err})") from err
+    return meta, body[meta_len:], _round(16 + meta_len + key_len)
 
 
-def _check(fd: int, key: str, rows: int, columns: int, dtype: np.dtype) -> None:
-    head = _read_header(fd)
-    if (head.get("key"), head.get("rows"), head.get("columns"), head.get("dtype")) != (
-        key,
-        rows,
-        columns,
-        dtype.str,
-    ):
+def _check(fd: int, key: str, rows: int, columns: int, dtype: np.dtype) -> int:
+    """Return the header bytes of a valid entry of ``key``; raise _Damaged otherwise."""
+    meta, stored, head = _header(fd)
+    expected = (key.encode(), rows, columns, dtype.str)
+    if (stored, meta.get("rows"), meta.get("columns"), meta.get("dtype")) != expected:
         raise _Damaged("header of another entry")
-    if os.fstat(fd).st_size != _layout(rows, columns, dtype.itemsize)[2]:
+    if os.fstat(fd).st_size != _layout(head, rows, columns, dtype.itemsize)[3]:
         raise _Damaged("wrong size (truncated?)")
-    if head.get("boot") != _boot_id():
+    if meta.get("boot") != _boot_id():
         raise _Damaged("written before the last reboot")
+    return head
 
 
 def _warn_once(directory: str, text: str) -> None:
@@ -130,19 +134,6 @@ def _warn_once(directory: str, text: str) -> None:
         return
     _warned.add(directory)
     warnings.warn(text, stacklevel=5)
-
-
-@contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
-    """Hold an exclusive ``fcntl`` lock on ``path`` (created if absent) across processes."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
 
 
 def _make_room(directory: str, need: int, limit: int, keep: str) -> None:
@@ -159,10 +150,8 @@ def _make_room(directory: str, need: int, limit: int, keep: str) -> None:
 
 
 def _create(path: str, key: str, rows: int, columns: int, dtype: np.dtype) -> None:
-    size = _layout(rows, columns, dtype.itemsize)[2]
-    head = json.dumps(
+    meta = json.dumps(
         {
-            "key": key,
             "rows": rows,
             "columns": columns,
             "dtype": dtype.str,
@@ -170,13 +159,14 @@ def _create(path: str, key: str, rows: int, columns: int, dtype: np.dtype) -> No
             "created": time.time(),
         }
     ).encode()
-    if len(_MAGIC) + len(head) >= _HEADER:
-        head = head[: _HEADER - len(_MAGIC) - 1]  # never: keys are a few KiB at most
+    raw_key = key.encode()
+    head = _MAGIC + struct.pack("<II", len(meta), len(raw_key)) + meta + raw_key
+    size = _layout(_round(len(head)), rows, columns, dtype.itemsize)[3]
     part = f"{path}.part.{os.getpid()}"
     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         os.posix_fallocate(fd, 0, size)  # space reserved now: no SIGBUS on a full disk later
-        os.pwrite(fd, _MAGIC + head, 0)
+        os.pwrite(fd, head, 0)
         os.close(fd)
         fd = -1
         os.replace(part, path)
@@ -192,8 +182,8 @@ def _map(path: str, rows: int, columns: int, dtype: np.dtype, writable: bool, ke
     """Return (mmap, values, times, filled) of a valid entry; raise _Damaged or OSError."""
     fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
     try:
-        _check(fd, key, rows, columns, dtype)
-        times_at, values_at, size, filled_at = _layout(rows, columns, dtype.itemsize)
+        head = _check(fd, key, rows, columns, dtype)
+        filled_at, times_at, values_at, size = _layout(head, rows, columns, dtype.itemsize)
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
     finally:
@@ -232,7 +222,7 @@ def open_store(
         return None
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
     path = os.path.join(directory, digest + _SUFFIX)
-    size = _layout(rows, num_columns, dtype.itemsize)[2]
+    size = _layout(_round(len(key) + 512), rows, num_columns, dtype.itemsize)[3]
     if size > cache_limit:
         _warn_once(
             directory,
@@ -242,18 +232,18 @@ def open_store(
         return None
     try:
         os.makedirs(directory, exist_ok=True)
-        with _locked(os.path.join(directory, digest + ".lock")):
+        with file_lock(os.path.join(directory, digest + ".lock")):
             try:
                 arrays = _map(path, rows, num_columns, dtype, True, key)
             except (_Damaged, FileNotFoundError) as why:
                 if not isinstance(why, FileNotFoundError):
                     logger.warning("decoded cache entry %s: %s; creating it again", path, why)
-                with _locked(os.path.join(directory, ".cache.lock")):
+                with file_lock(os.path.join(directory, ".cache.lock")):
                     _make_room(directory, size, cache_limit, path)
                     _create(path, key, rows, num_columns, dtype)
                 arrays = _map(path, rows, num_columns, dtype, True, key)
         writable = True
-    except OSError as err:
+    except (OSError, _Damaged) as err:  # _Damaged: an entry just created reads back wrong
         arrays = _read_only(path, rows, num_columns, dtype, key)
         writable = False
         kept = "reading the rows it holds, " if arrays else ""
@@ -316,10 +306,10 @@ def _describe(path: str):
     except OSError:
         return None, None, None, None
     try:
-        head = _read_header(fd)
-        rows, columns = int(head["rows"]), int(head["columns"])
-        flags = np.frombuffer(os.pread(fd, rows, _HEADER), np.bool_)
-        key = json.loads(head["key"])
+        meta, key, head = _header(fd)
+        rows, columns = int(meta["rows"]), int(meta["columns"])
+        flags = np.frombuffer(os.pread(fd, rows, head), np.bool_)
+        key = json.loads(key)
         return rows, columns, int(flags.sum()), list(key.get("names", []))
     except (_Damaged, KeyError, TypeError, ValueError, OSError):
         return None, None, None, None
