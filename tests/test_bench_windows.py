@@ -20,6 +20,10 @@ def test_quick_window_benchmark_checksums_match_the_reference(tmp_path):
         "tsfile-torch streaming shuffled, workers=2",
         "tsfile-torch cached (memory), workers=0",
         "tsfile-torch cached (memory), workers=2",
+        "tsfile-torch disk shuffled, first run, workers=0",
+        "tsfile-torch disk shuffled, later run, workers=0",
+        "tsfile-torch disk shuffled, first run, workers=2",
+        "tsfile-torch disk shuffled, later run, workers=2",
         "TsFileDataFrame windows one by one (scaled)",
     ]
     assert all(r["checksum_ok"] for r in records)

@@ -247,7 +247,7 @@ def tmpfs(tmp_path):
 
     yield mount
     for path in mounts:
-        subprocess.run(["umount", str(path)], check=False)
+        subprocess.run(["umount", "-l", str(path)], check=False)  # -l: a mapping may be open
 
 
 def test_a_tiny_tmpfs_decodes_with_one_warning(rows_dir, tmpfs):
