@@ -254,6 +254,15 @@ def test_a_tiny_tmpfs_decodes_with_one_warning(rows_dir, tmpfs):
     _decodes_with_one_warning(rows_dir, tmpfs("64k"), "No space left")
 
 
+def test_two_workers_on_a_full_disk_warn_once(rows_dir, tmpfs):
+    cache_dir = tmpfs("64k")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _epochs(_rows(rows_dir, "disk", cache_dir), num_workers=2)
+    _same(got, _epochs(_rows(rows_dir, "none"), num_workers=2))
+    assert len([w for w in caught if 'cache="disk"' in str(w.message)]) == 1
+
+
 def _read_only_dir(tmp_path, tmpfs):
     """Return a cache_dir holding a filled entry, now read-only (chmod, or a tmpfs remounted)."""
     directory = diskcache.decoded_dir(str(tmp_path))

@@ -173,6 +173,9 @@ class DatasetCore:
         self.normalizer: Normalizer | None = make_normalizer(
             self.options.normalize, list(names), lambda exact: self.stats(exact)
         )
+        if self.options.cache == "disk":
+            # create the entry (or warn that it cannot be used) once, here: workers only open it
+            self._memory()
         self.close()  # readers used while building are not carried into workers
 
     # -- tables and alignment ---------------------------------------------------------------
@@ -303,8 +306,11 @@ class DatasetCore:
             else:
                 o = self.options
                 key = self._cache_key(dtype)
+                quiet = tud.get_worker_info() is not None  # the building process warned
                 self._store = (
-                    diskcache.open_store(sizes, width, dtype, key, o.cache_dir, o.cache_limit)
+                    diskcache.open_store(
+                        sizes, width, dtype, key, o.cache_dir, o.cache_limit, quiet
+                    )
                     or False
                 )
         return self._store or None

@@ -129,8 +129,9 @@ def _check(fd: int, key: str, rows: int, columns: int, dtype: np.dtype) -> int:
     return head
 
 
-def _warn_once(directory: str, text: str) -> None:
-    if directory in _warned:
+def _warn_once(directory: str, text: str, quiet: bool = False) -> None:
+    if quiet or directory in _warned:
+        logger.info("%s", text)
         return
     _warned.add(directory)
     warnings.warn(text, stacklevel=5)
@@ -204,11 +205,13 @@ def open_store(
     key: str | None,
     cache_dir: str | None,
     cache_limit: int,
+    quiet: bool = False,
 ) -> MemoryStore | None:
     """Return a :class:`MemoryStore` over the entry of ``key``, created if needed.
 
-    ``None`` (after one warning per process and directory) when the entry cannot be used: the
-    caller decodes instead (see the module note: fallback).
+    ``None`` (after one warning per process and directory, logged only with ``quiet``: a
+    DataLoader worker, whose dataset warned when it was built) when the entry cannot be used:
+    the caller decodes instead (see the module note: fallback).
     """
     directory = decoded_dir(cache_dir)
     dtype = np.dtype(dtype)
@@ -218,6 +221,7 @@ def open_store(
             directory,
             'cache="disk" needs sources with an identity on disk (paths or URLs); file objects '
             "have none: decoding every epoch instead (use a path, or cache='memory')",
+            quiet,
         )
         return None
     digest = hashlib.sha256(key.encode()).hexdigest()[:32]
@@ -228,6 +232,7 @@ def open_store(
             directory,
             f'cache="disk": the decoded data needs {size / 2**20:.0f} MiB, more than '
             f"cache_limit={cache_limit}: decoding every epoch instead; raise cache_limit",
+            quiet,
         )
         return None
     try:
@@ -251,6 +256,7 @@ def open_store(
             directory,
             f'cache="disk": cannot write the decoded cache in {directory!r} ({err}); '
             f"{kept}decoding the rest every epoch; free space, or pass a writable cache_dir",
+            quiet,
         )
         if arrays is None:
             return None
