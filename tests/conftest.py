@@ -190,3 +190,50 @@ def aligned(series: list[tuple[np.ndarray, np.ndarray]], align: str, fill: str):
 def expected_aligned():
     """The function ``(series, align, fill) -> (times, values)`` of expected aligned rows."""
     return aligned
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """This test's own user cache (``$XDG_CACHE_HOME``): verified files, indexes, verdicts."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+@pytest.fixture(scope="session")
+def run_python():
+    """The function ``(code, *args, **run_kwargs) -> CompletedProcess``: ``python -c code args``
+    in a new interpreter that imports this checkout's tsfile_torch; output captured as text."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+
+    def run(code: str, *args: str, **kwargs) -> subprocess.CompletedProcess:
+        kwargs = {"timeout": 120, "env": env, "cwd": repo, **kwargs}
+        return subprocess.run(
+            [sys.executable, "-c", code, *args], capture_output=True, text=True, **kwargs
+        )
+
+    return run
+
+
+def _flip_value_byte(path, series: str, offset: int) -> None:
+    data = bytearray(open(path, "rb").read())
+    data[data.index(b"\x41\x04" + series.encode()) + offset] ^= 0xFF  # value-chunk header
+    with open(path, "r+b") as fh:  # in place: same inode, same size
+        fh.write(data)
+
+
+@pytest.fixture(scope="session")
+def flip_value_byte():
+    """The function ``(path, series, offset)``: flip the byte ``offset`` bytes after the value
+    chunk header of ``series`` (``"s1"``) of a table file, in place (same size and inode).
+
+    Effects measured on ``DatasetSpec(3, 1, 4, 30000)`` (fixed writer output), in
+    ``part001.tsfile``: ``s1`` + 80,000 decodes to values off in their last bits that no check
+    sees; ``s3`` + 500 to a value outside the series' [min, max] in rows [0, 5000).
+    """
+    return _flip_value_byte

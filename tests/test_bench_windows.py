@@ -48,5 +48,5 @@ def test_cli_bench_windows_quick_writes_json(tmp_path, capsys):
         ]
     )
     assert code == 0
-    assert len(out.read_text().splitlines()) == 5
+    assert len(out.read_text().splitlines()) == 7  # 5 routes and two disk-cache routes
     assert "in-memory numpy reference" in capsys.readouterr().out

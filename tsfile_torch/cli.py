@@ -1,4 +1,4 @@
-"""Command line: ``tsfile-torch bench | convert | inspect | generate | verify``."""
+"""Command line: ``tsfile-torch bench | convert | inspect | generate | manifest | verify``."""
 
 from __future__ import annotations
 
@@ -234,13 +234,32 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _manifest(args: argparse.Namespace) -> int:
+    import time
+
+    from tsfile_torch.integrity.manifest import write_manifest
+
+    start = time.perf_counter()
+    path, count, nbytes = write_manifest(args.directory)
+    seconds = time.perf_counter() - start
+    print(
+        f"wrote {path}: {count} files, {nbytes / 2**20:.1f} MiB hashed in {seconds:.2f} s "
+        f"({nbytes / 2**20 / max(seconds, 1e-9):.0f} MiB/s)"
+    )
+    return 0
+
+
 def _verify(args: argparse.Namespace) -> int:
+    from tsfile_torch.integrity.manifest import check_manifests
     from tsfile_torch.integrity.validate import validate_sources
     from tsfile_torch.sources import expand_sources
 
     sources = expand_sources(args.sources)
     mode = "headers" if args.headers_only else "full"
-    problems = {p.name: p.reason for p in validate_sources(sources, mode, args.timeout)}
+    manifests = check_manifests(sources, force=True)  # hash afresh: this is the check
+    problems = {p.name: p.reason for p in manifests.problems}
+    rest = [s for s in sources if s.name not in problems]
+    problems.update({p.name: p.reason for p in validate_sources(rest, mode, args.timeout)})
     for source in sources:
         name = source.name
         if args.json:
@@ -252,7 +271,12 @@ def _verify(args: argparse.Namespace) -> int:
         else:
             print(f"ok      {name}")
     if not args.json:
-        print(f"{len(sources)} files checked ({mode}), {len(problems)} damaged")
+        notes = [mode]
+        if manifests.checked:
+            notes.append(f"{len(manifests.checked)} against their manifest")
+        if manifests.unlisted:
+            notes.append(f"{len(manifests.unlisted)} not listed in their manifest")
+        print(f"{len(sources)} files checked ({', '.join(notes)}), {len(problems)} damaged")
     return 1 if problems else 0
 
 
@@ -394,9 +418,18 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--rows", type=int, default=131072)
     g.set_defaults(func=_generate)
 
+    m = sub.add_parser(
+        "manifest",
+        help="write DIR/tsfile-torch-manifest.json: size and content hash of every TsFile under "
+        "DIR, checked by datasets and `verify` before they read a file",
+    )
+    m.add_argument("directory")
+    m.set_defaults(func=_manifest)
+
     v = sub.add_parser(
         "verify",
-        help="decode every file in a child process and report each damaged file with the reason",
+        help="check files against their manifest (if any), decode every file in a child "
+        "process, and report each damaged file with the reason",
     )
     v.add_argument("sources", nargs="+", help="files, directories or glob patterns")
     v.add_argument(

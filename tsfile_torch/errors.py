@@ -6,6 +6,7 @@ Every error names the file, column or argument at fault, the rule that was broke
 from __future__ import annotations
 
 __all__ = [
+    "SKIP_HINT",
     "TsFileTorchError",
     "TsFileFormatError",
     "MappingError",
@@ -37,3 +38,10 @@ class RemoteError(TsFileFormatError):
 
 class WorkerError(TsFileTorchError):
     """A DataLoader worker died or stalled; the message names the file and rows it was reading."""
+
+
+#: What to do about a file found damaged while a dataset reads it: the end of every such message.
+SKIP_HINT = (
+    "rebuild the dataset with on_damaged='skip' to leave damaged files out (a file a read "
+    "found damaged is remembered), or check the files with `tsfile-torch verify`"
+)

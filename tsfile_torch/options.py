@@ -22,6 +22,7 @@ __all__ = [
     "DTYPES",
     "FILL_MODES",
     "NORMALIZE_METHODS",
+    "ON_DAMAGED",
     "READ_BACKENDS",
     "TIME_UNITS",
     "ReadOptions",
@@ -31,6 +32,7 @@ __all__ = [
     "format_timestamp",
     "parse_backend",
     "to_timestamp",
+    "user_cache_dir",
 ]
 
 #: Read backends by name (see :mod:`tsfile_torch.native.backend`).
@@ -48,6 +50,9 @@ FILL_MODES = ("nan", "ffill", "zero")
 NORMALIZE_METHODS = ("minmax", "standard")
 #: Floating dtypes of the values handed out.
 DTYPES = ("float16", "bfloat16", "float32", "float64")
+#: What a dataset does with files that fail validation or their manifest when it is built:
+#: ``raise`` a TsFileFormatError naming them, or ``skip`` them with one warning.
+ON_DAMAGED = ("raise", "skip")
 #: Units of int64 timestamps, for converting datetimes (TsFile's default is milliseconds).
 TIME_UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
@@ -55,6 +60,15 @@ TIME_UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 DEFAULT_CACHE_LIMIT = 100 * 2**30
 
 _INT64 = (-(2**63), 2**63 - 1)
+
+
+def user_cache_dir(*parts: str) -> str:
+    """Return ``$XDG_CACHE_HOME/tsfile-torch/<parts>`` (``~/.cache`` when the variable is unset).
+
+    Read when called, never at import: tests and users may point ``XDG_CACHE_HOME`` elsewhere.
+    """
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "tsfile-torch", *parts)
 
 
 def check_int(
@@ -214,6 +228,10 @@ class ReadOptions:
             pass when the dataset is built) or a ``Normalizer`` naming every column.
         validate: check every file's metadata and first chunks in a child process when the
             dataset is built, so a file that crashes tsfile's native reader is an error instead.
+        on_damaged: ``"raise"``: a file that fails validation or its manifest when the dataset
+            is built is a TsFileFormatError; ``"skip"``: such files (and files an earlier read
+            found damaged) are left out with one warning, and ``ds.skipped`` lists them with
+            the reason. Damage found while reading raises either way.
         check_statistics: cross-check decoded blocks against the files' metadata statistics.
         malloc_tuning: keep glibc from returning decode buffers to the OS in reading processes
             (see :mod:`tsfile_torch.process`).
@@ -239,6 +257,7 @@ class ReadOptions:
     fill: str = "nan"
     normalize: Any = None
     validate: bool = True
+    on_damaged: str = "raise"
     check_statistics: bool = True
     malloc_tuning: bool = True
     decode_threads: int | None = None
@@ -277,6 +296,7 @@ class ReadOptions:
             )
         if isinstance(self.index_cache, os.PathLike):
             set_("index_cache", os.fspath(self.index_cache))
+        check_choice("on_damaged", self.on_damaged, ON_DAMAGED)
         check_choice("align", self.align, ALIGN_MODES, allow_none=True)
         check_choice("fill", self.fill, FILL_MODES)
         if not (
@@ -294,10 +314,7 @@ class ReadOptions:
     def index_dir(self) -> str | None:
         """Directory of the timeline-index cache, or ``None`` when disabled."""
         if self.index_cache is True:
-            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(
-                os.path.expanduser("~"), ".cache"
-            )
-            return os.path.join(base, "tsfile-torch", "index")
+            return user_cache_dir("index")
         return self.index_cache or None
 
     @property

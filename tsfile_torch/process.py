@@ -158,7 +158,9 @@ class LoaderScope:
             return
         from torch.utils.data._utils import signal_handling
 
-        signal_handling._set_SIGCHLD_handler()  # persistent workers of a later pass: again
+        install = getattr(signal_handling, "_set_SIGCHLD_handler", None)  # torch 2.1 to 2.13
+        if install is not None:
+            install()  # persistent workers of a later pass: again
         current = signal.getsignal(signal.SIGCHLD)
         if callable(current) and current is not _sigchld:
             _PREVIOUS_SIGCHLD = current

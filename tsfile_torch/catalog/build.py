@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tsfile import TSDataType
 
@@ -53,7 +54,7 @@ NUMERIC_TYPES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass
 class FileInfo:
     """One source file: the source, its size, and its identity when the catalog was built."""
 
@@ -61,12 +62,18 @@ class FileInfo:
     source: Source
     name: str
     nbytes: int
-    #: what :meth:`Source.check_unchanged` compares before every read (None: not checkable)
-    identity: tuple | None = None
+    #: what :meth:`Source.check_unchanged` compares before every read (None: not checkable);
+    #: a change that leaves the content as it was (Note: content-relevant identity) replaces it
+    identity: Any = None
 
     def check_unchanged(self) -> None:
         """Raise TsFileFormatError if the file is no longer the one the catalog was built from."""
-        self.source.check_unchanged(self.identity)
+        self.identity = self.source.check_unchanged(self.identity)
+
+    @property
+    def index_key(self) -> str | None:
+        """Key of what is derived from this file as the catalog knows it (caches on disk)."""
+        return self.source.index_key(self.identity)
 
 
 @dataclass(frozen=True)
@@ -212,9 +219,12 @@ def _read_metadata(source: Source) -> tuple[dict, dict]:
             reader.close()
 
 
-def _read_file(index: int, source: Source) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
+def _read_file(
+    index: int, source: Source, identity: Any = None
+) -> tuple[FileInfo, list[tuple[str, str, Shard, object]]]:
     """Return the file's info and (name, dtype, shard, statistic) for every field, in order."""
-    identity = source.identity()  # before the metadata: a change after it is caught later
+    # before the metadata: a change after it is caught later
+    identity = source.identity() if identity is None else source.check_unchanged(identity)
     metadata, schemas = _read_metadata(source)
     info = FileInfo(index, source, source.name, source.size(), identity)
     fields = []
@@ -279,6 +289,10 @@ def _select(all_columns: dict[str, Column], requested: Sequence[str] | None) -> 
         return numeric
     if isinstance(requested, str):
         requested = [requested]
+    if not isinstance(requested, (list, tuple)) or not requested:
+        raise ValueError(
+            f"columns must be None or a non-empty list of names / glob patterns; got {requested!r}"
+        )
     chosen: dict[str, Column] = {}
     for item in requested:
         if not isinstance(item, str):
@@ -376,8 +390,19 @@ class SourceMetadata:
         return [c for c in self.columns.values() if c.dtype in NUMERIC_TYPES.values()]
 
 
-def read_metadata(sources: Sequence[Source]) -> SourceMetadata:
+def read_metadata(
+    sources: Sequence[Source],
+    identities: Mapping[str, Any] | None = None,
+    skipped: list | None = None,
+) -> SourceMetadata:
     """Read the metadata of every source (one reader per file, closed before returning).
+
+    Args:
+        sources: the files.
+        identities: source key -> identity taken earlier (a manifest check): used for change
+            detection from then on, once checked unchanged.
+        skipped: when given, a source whose metadata cannot be read is left out and a
+            :class:`~tsfile_torch.integrity.validate.FileProblem` for it appended here.
 
     Raises:
         TsFileFormatError: a source is not a readable TsFile, or none holds a series.
@@ -385,8 +410,16 @@ def read_metadata(sources: Sequence[Source]) -> SourceMetadata:
     """
     files: list[FileInfo] = []
     all_columns: dict[str, Column] = {}
-    for index, source in enumerate(sources):
-        info, fields = _read_file(index, source)
+    for source in sources:
+        try:
+            info, fields = _read_file(len(files), source, (identities or {}).get(source.key))
+        except TsFileFormatError as err:
+            if skipped is None:
+                raise
+            from tsfile_torch.integrity.validate import FileProblem
+
+            skipped.append(FileProblem.of(source.name, err))
+            continue
         files.append(info)
         for name, dtype, shard, stat in fields:
             col = all_columns.setdefault(name, Column(name, dtype))
@@ -397,7 +430,7 @@ def read_metadata(sources: Sequence[Source]) -> SourceMetadata:
                 )
             col.shards.append(shard)
             _add_statistic(col, stat)
-    if not all_columns:
+    if files and not all_columns:  # (no files: every one was skipped, the caller says so)
         raise TsFileFormatError(
             f"{', '.join(f.name for f in files)}: no series in the sources; the TsFiles are empty"
         )

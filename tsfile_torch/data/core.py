@@ -43,7 +43,7 @@ from tsfile_torch.catalog.build import (
 from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
 from tsfile_torch.integrity.checks import CellSums
 from tsfile_torch.integrity.reports import ReadSlots
-from tsfile_torch.integrity.validate import check_sources
+from tsfile_torch.integrity.screen import leave_out, screen_sources
 from tsfile_torch.native.backend import check_backend
 from tsfile_torch.options import ReadOptions, check_int
 from tsfile_torch.read import diskcache
@@ -147,9 +147,14 @@ class DatasetCore:
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.remote = RemoteOptions.of(read)
         expanded = expand_sources(sources, self.remote)
-        if read.validate:  # first contact with each file in a child (Note: validation child)
-            check_sources(expanded)
-        meta = read_metadata(expanded)
+        # manifests, then the first contact with each file in a child (Note: damaged files at
+        # build, Note: validation child)
+        screened = screen_sources(expanded, read.validate, read.on_damaged)
+        problems = screened.problems
+        skipped = problems if read.on_damaged == "skip" else None
+        meta = read_metadata(screened.sources, screened.identities, skipped)
+        #: (file name, reason) of each file left out (``on_damaged="skip"``)
+        self.skipped = leave_out(problems, len(expanded))
         for info in meta.files:
             check_backend(info.source, read.read_backend)
         self.epochs = state.EpochCounter()
@@ -317,7 +322,7 @@ class DatasetCore:
 
     def _cache_key(self, dtype) -> str | None:
         """Return what shapes the kept values (the disk cache's key), or None if unkeyable."""
-        files = [info.source.index_key() for info in self.catalog.files]
+        files = [info.index_key for info in self.catalog.files]  # as the catalog read them
         if None in files:
             return None
         o = self.options

@@ -16,6 +16,7 @@ rows, or aligned on time with ``align=``). Their items depend on the order:
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -224,6 +225,7 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
     def __iter__(self) -> Iterator:
         # not a generator: the pass begins (and its state is valid) as soon as the loader asks
         # for the iterator, as StatefulDataLoader reads the state right then
+        _refuse_loader_batching(self)
         cursor, worker, num_workers = self._begin_pass()
         return self._generate(cursor, num_workers)
 
@@ -267,6 +269,7 @@ class TsFileDataset(_Rows, tud.Dataset):
             return self._read_items(index.items)
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an integer batch number; got {index!r}")
+        _refuse_loader_batching(self)
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"batch index {index} out of range for {n} batches")
@@ -278,3 +281,31 @@ class TsFileDataset(_Rows, tud.Dataset):
             return self._read_items(orders.epoch_items(self.spec, starts, epoch)[index : index + 1])
         start = index * self.batch_size
         return self._read_span(start, min(start + self.batch_size, self.num_rows))
+
+
+_FETCHERS = ("_IterableDatasetFetcher", "_MapDatasetFetcher")
+
+
+def _refuse_loader_batching(ds) -> None:
+    """Raise if a DataLoader with ``batch_size`` set is about to stack our batches again.
+
+    A row dataset yields whole batches; ``DataLoader(ds)`` (``batch_size=1``, its default)
+    would silently add a leading dimension. torch's fetchers (torch 2.x, and torchdata's of the
+    same names) say whether they batch (``auto_collation``); found by name on the stack, a few
+    frames up. Anything else is left alone.
+    """
+    frame = sys._getframe(2)
+    for _ in range(4):
+        if frame is None:
+            return
+        owner = frame.f_locals.get("self")
+        if type(owner).__name__ in _FETCHERS:
+            if getattr(owner, "auto_collation", False):
+                raise ValueError(
+                    f"{type(ds).__name__} yields whole batches of batch_size={ds.batch_size} "
+                    f"rows, and this DataLoader would stack them again (it has batch_size set; "
+                    f"1 is its default): use tsfile_torch.make_loader(ds) or "
+                    f"DataLoader(ds, batch_size=None)"
+                )
+            return
+        frame = frame.f_back

@@ -3,10 +3,11 @@
 Two checks, both called by the reader around each native read (Note: integrity hooks):
 
 - ``FileInfo.check_unchanged`` (:meth:`tsfile_torch.sources.Source.check_unchanged`) before and
-  after every native read: for a local file one ``os.stat``, compared with the size, mtime,
-  ctime, inode and device recorded when the catalog was built (after: so a block read while the
-  file was being written is never handed out). ctime changes on every write whatever ``cp -p``
-  or ``rsync -t`` do to mtime, and a rename over the file changes the inode. A change is a
+  after every native read: for a local file one ``os.stat``, compared with the identity recorded
+  when the catalog was built (after: so a block read while the file was being written is never
+  handed out); size, mtime, inode and device as they are, ctime as Note: content-relevant
+  identity (:mod:`tsfile_torch.sources.content`) says, so chmod, chown and hard links are not
+  changes and a same-size rewrite with its mtime restored is. A change is a
   :class:`TsFileFormatError` naming the file. A URL's local copy is immutable (keyed by the
   object's version); file objects cannot be checked.
 - :class:`StatisticsCheck` after every decoded block: row count (the reader's own check),
@@ -41,7 +42,7 @@ from multiprocessing import sharedctypes
 import numpy as np
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
 
 __all__ = ["CELL_ROWS", "CellSums", "EpochSums", "StatisticsCheck"]
 
@@ -65,9 +66,7 @@ class CellSums:
 
     def __init__(self, catalog: Catalog):
         self.groups = [
-            gi
-            for gi, g in enumerate(catalog.groups)
-            if any(s.sum is not None for s in g.shards)
+            gi for gi, g in enumerate(catalog.groups) if any(s.sum is not None for s in g.shards)
         ]
         cells = {gi: -(-catalog.groups[gi].num_rows // CELL_ROWS) for gi in self.groups}
         widths = {gi: len(catalog.groups[gi].columns) for gi in self.groups}
@@ -124,7 +123,8 @@ class StatisticsCheck:
         )
         raise TsFileFormatError(
             f"{info.name}: {series}, rows [{start}, {stop}): {what}; the decoded data disagree "
-            f"with the file's own statistics: the file is damaged (or changed while in use)"
+            f"with the file's own statistics: the file is damaged (or changed while in use); "
+            f"{SKIP_HINT}"
         )
 
     def block(self, group_index: int, start: int, times: np.ndarray, values: np.ndarray) -> None:

@@ -32,11 +32,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import TsFileFormatError, TsFileTorchError
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.sources import Source
 
-__all__ = ["MODES", "FileProblem", "validate_sources", "check_sources"]
+__all__ = ["MODES", "FileProblem", "check_sources", "damaged_error", "validate_sources"]
 
 MODES = ("headers", "full")
 #: seconds a ``headers`` check of one file may take before the file is reported as hanging
@@ -56,6 +56,15 @@ class FileProblem:
 
     def error(self) -> TsFileFormatError:
         return TsFileFormatError(f"{self.name}: {self.reason}")
+
+    @classmethod
+    def of(cls, name: str, err: BaseException) -> FileProblem:
+        """Return the problem ``err`` describes (its message without the leading file name)."""
+        text = str(err)
+        reason = text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
+        if not isinstance(err, TsFileTorchError):
+            reason = f"{type(err).__name__}: {reason}"
+        return cls(name, reason)
 
 
 def _file_timeout(source: Source, mode: str) -> float:
@@ -149,11 +158,7 @@ def _child(sources: Sequence[Source], mode: str, fd: int) -> None:
         try:
             check(source)
         except Exception as err:  # noqa: BLE001 - in the child, any failure is this file's
-            text = str(err)
-            prefix = f"{source.name}: "
-            reason = text[len(prefix) :] if text.startswith(prefix) else text
-            if not isinstance(err, TsFileFormatError):
-                reason = f"{type(err).__name__}: {reason}"
+            reason = FileProblem.of(source.name, err).reason
         os.write(fd, (json.dumps({"i": i, "reason": reason}) + "\n").encode())
 
 
@@ -164,16 +169,26 @@ def _main() -> None:  # the fresh-interpreter child: python -c "...; _main()" < 
     _child(sources, mode, sys.stdout.fileno())
 
 
+#: Python threads known to hold no lock a validation child needs while they idle: our own
+#: decode pool (waiting on its queue) and tqdm's monitor (sleeping between checks).
+IDLE_THREADS = ("tsfile-decode", "tqdm_monitor")
+
+
 def can_fork() -> bool:
     """Return whether a validation child may be a fork of this process.
 
     Only where forked children can read TsFiles (:mod:`tsfile_torch.native.forkfix`) and no
-    other Python thread runs: a Python thread may hold a lock the child would need. Native
-    threads (tsfile's pool, OpenMP, CUDA) are left behind safely: the child runs only tsfile's
-    reader, whose pool the fork fix rebuilds, and pure-Python checks, then exits with
-    ``os._exit``.
+    other Python thread runs (but :data:`IDLE_THREADS`): a thread may hold a lock the child
+    would need. Native threads (tsfile's pool, OpenMP, CUDA) are left behind safely: the child
+    runs only tsfile's reader, whose pool the fork fix rebuilds, and pure-Python checks, then
+    exits with ``os._exit``.
     """
-    return fork_safe() and threading.active_count() == 1
+    others = [
+        t
+        for t in threading.enumerate()
+        if t is not threading.main_thread() and not t.name.startswith(IDLE_THREADS)
+    ]
+    return fork_safe() and threading.current_thread() is threading.main_thread() and not others
 
 
 # -- in the parent ------------------------------------------------------------------------
@@ -326,9 +341,13 @@ def check_sources(sources: Sequence[Source]) -> None:
     """
     problems = validate_sources(sources, "headers")
     if problems:
-        if len(problems) == 1:
-            raise problems[0].error()
-        raise TsFileFormatError(
-            f"{len(problems)} damaged files: "
-            + "; ".join(f"{p.name}: {p.reason}" for p in problems)
-        )
+        raise damaged_error(problems)
+
+
+def damaged_error(problems: Sequence[FileProblem]) -> TsFileFormatError:
+    """Return one TsFileFormatError naming every file in ``problems`` and why."""
+    if len(problems) == 1:
+        return problems[0].error()
+    return TsFileFormatError(
+        f"{len(problems)} damaged files: " + "; ".join(f"{p.name}: {p.reason}" for p in problems)
+    )

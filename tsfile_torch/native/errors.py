@@ -24,7 +24,7 @@ from typing import Any
 import pyarrow as pa
 from tsfile.exceptions import LibraryError
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
 
 __all__ = ["METADATA_ERRORS", "NATIVE_ERRORS", "native_call"]
 
@@ -38,7 +38,7 @@ NATIVE_ERRORS: tuple[type[BaseException], ...] = (
 
 
 #: What a native error means unless the caller knows better.
-DAMAGED = "the file is damaged, truncated or was changed while in use"
+DAMAGED = f"the file is damaged, truncated or was changed while in use; {SKIP_HINT}"
 
 
 #: What tsfile's Python layer raises on damaged metadata besides :data:`NATIVE_ERRORS`

@@ -20,6 +20,7 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from tsfile_torch.catalog.build import FileInfo, ReadGroup
+from tsfile_torch.errors import TsFileFormatError
 from tsfile_torch.native.backend import mapped_paths, open_reader
 from tsfile_torch.native.errors import NATIVE_ERRORS
 from tsfile_torch.native.malloc import tune_malloc
@@ -59,6 +60,7 @@ class OpenFiles:
         self.open_count = 0
         self._readers: OrderedDict[int, object] = OrderedDict()
         self._handles: dict[int, dict[int, list]] = {}  # file -> group -> prepared handles
+        self._opened: dict[int, object] = {}  # file -> its identity when its reader opened
         self._lock = threading.RLock()
         self._mapping_checked = False
 
@@ -86,10 +88,17 @@ class OpenFiles:
                 tune_malloc()
             info = self.files[file_index]
             check = self.read_backend == "mmap" and not self._mapping_checked
+            info.check_unchanged()  # the reader opens the file the catalog describes
             reader, _ = open_reader(info.source, self.read_backend, check_mapped=check)
+            try:
+                info.check_unchanged()  # and it did not change during the open
+            except TsFileFormatError:
+                self._close_reader(info, reader)
+                raise
             self._mapping_checked = self._mapping_checked or check
             self.open_count += 1
             self._readers[file_index] = reader
+            self._opened[file_index] = info.identity
             logger.debug("opened %s (%s, pid %d)", info.name, self.read_backend, self.pid)
             return reader
 
@@ -107,13 +116,25 @@ class OpenFiles:
         info = self.files[group.file_index]
         return prepare_handles(reader, group.file_index, info.nbytes, info.name, group.shards)
 
+    def opened_identity(self, file_index: int):
+        """Return the identity of the file as its open reader was opened on (``None``: not open).
+
+        What was learned through that reader belongs to this identity (Note: index cache).
+        """
+        return self._opened.get(file_index)
+
     def _close(self, file_index: int) -> None:
         reader = self._readers.pop(file_index)
         self._handles.pop(file_index, None)
+        self._opened.pop(file_index, None)
+        self._close_reader(self.files[file_index], reader)
+
+    @staticmethod
+    def _close_reader(info: FileInfo, reader) -> None:
         try:
             reader.close()
         except NATIVE_ERRORS:  # closing is best effort: the file may be gone or damaged
-            logger.debug("closing %s failed", self.files[file_index].name, exc_info=True)
+            logger.debug("closing %s failed", info.name, exc_info=True)
 
     def close(self) -> None:
         """Close every reader (they reopen on the next use)."""

@@ -18,6 +18,7 @@ keeps the readers (a streaming epoch starts that way).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -27,14 +28,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tsfile_torch.catalog.build import Catalog, ReadGroup
-from tsfile_torch.errors import SchemaError, TsFileFormatError
+from tsfile_torch.catalog.build import Catalog, FileInfo, ReadGroup
+from tsfile_torch.errors import SKIP_HINT, SchemaError, TsFileFormatError
 from tsfile_torch.integrity.checks import StatisticsCheck
 from tsfile_torch.native.errors import native_call
 from tsfile_torch.native.queries import query, query_times
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles
 from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
+from tsfile_torch.sources.content import remember
 
 __all__ = [
     "BatchReader",
@@ -319,11 +321,18 @@ class BatchReader:
                     f"device {'.'.join(map(str, group.device))}, timestamps [{t0}, {t1}] for "
                     f"the timeline index via {self.read_backend}"
                 )
-                return self._announced(
+                times = self._announced(
                     info, what, query_times, reader, handles[0], group.aligned, t0, t1
                 )
+                info.check_unchanged()  # changed during the read?
+                return times
 
-            index = open_index(fetch, info, group, self.index_stride, self.index_dir)
+            # open first: the cache key is the identity the reader was opened on (Note: index
+            # cache), never the file's identity at save time
+            self.files.handles(group_index, group)
+            opened = self.files.opened_identity(group.file_index)
+            key = info.source.index_key(opened) if opened is not None else None
+            index = open_index(fetch, info, group, self.index_stride, self.index_dir, key)
             self._indexes[group_index] = index
         return index
 
@@ -331,13 +340,13 @@ class BatchReader:
         group = self.catalog.groups[group_index]
         if start == 0 and stop == group.num_rows:
             return group.start_time, group.end_time, 0
-        index = self._index(group_index)
-        was_complete = index.complete
-        span = index.time_range(start, stop)
-        if self.index_dir and index.complete and not was_complete:
-            info = self.catalog.files[group.file_index]
-            info.check_unchanged()  # never save marks read from a file replaced meanwhile
-            save_index(index, info, group, self.index_dir)
+        with _damage_remembered(self.catalog.files[group.file_index]):
+            index = self._index(group_index)
+            was_complete = index.complete
+            span = index.time_range(start, stop)
+        if index.cache_path and index.complete and not was_complete:
+            self.catalog.files[group.file_index].check_unchanged()  # Note: index cache
+            save_index(index)
         return span
 
     def _plan(self, group_index: int, start: int, stop: int) -> _Plan:
@@ -367,10 +376,11 @@ class BatchReader:
         """
         info = self.catalog.files[plan.group.file_index]
         info.check_unchanged()
-        block = self._announced(info, self._describe(plan), self._decode_native, plan)
-        info.check_unchanged()  # changed during the read?
-        if self.statistics is not None:
-            self.statistics.block(plan.group_index, plan.start, block.times, block.values)
+        with _damage_remembered(info):
+            block = self._announced(info, self._describe(plan), self._decode_native, plan)
+            info.check_unchanged()  # changed during the read?
+            if self.statistics is not None:
+                self.statistics.block(plan.group_index, plan.start, block.times, block.values)
         return block
 
     def _decode_native(self, plan: _Plan) -> Block:
@@ -437,7 +447,7 @@ class BatchReader:
         return (
             f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows from "
             f"time {start_time}, expected {num_rows}; metadata and data disagree (damaged or "
-            f"changed file)"
+            f"changed file); {SKIP_HINT}"
         )
 
     def _misaligned(self, group: ReadGroup, ref: int, row: int, ref_time=None, time=None) -> str:
@@ -644,6 +654,21 @@ class BatchReader:
         ref = self.cache.peek((twin, number))
         if ref is not None and np.array_equal(ref.times, block.times):
             block.verified = True
+
+
+@contextlib.contextmanager
+def _damage_remembered(info: FileInfo):
+    """Remember the file as damaged when a read in the block raises TsFileFormatError while the
+    file is unchanged (Note: remembered verdicts, in :mod:`tsfile_torch.sources.content`;
+    ``on_damaged="skip"`` then leaves it out). A change is not damage, nor is an OS error
+    (too many open files, an I/O error): those are not remembered."""
+    try:
+        yield
+    except TsFileFormatError as err:
+        info.check_unchanged()  # a change: its own error replaces this one
+        if getattr(err, "errno", None) is None and not isinstance(err.__cause__, OSError):
+            remember(info.index_key, damaged=str(err))
+        raise
 
 
 def _local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:

@@ -13,23 +13,30 @@ two columns (see :func:`tsfile_torch.native.queries.query_times`; measured on a 
 8-DOUBLE file: 69 ms, against 211 ms to read all 8 series). It is learned lazily, in the
 process that reads, as
 far as reads need it, and kept for the life of that process; once complete and with an index
-cache directory it is also saved there (keyed by the file's path, size, mtime, ctime and
-inode, the series and the time range), so later builds of the same dataset, other DataLoader
+cache directory it is also saved there, so later builds of the same dataset, other DataLoader
 workers and later runs load it instead of reading.
+
+Note: index cache. A saved index is keyed by the identity of the file its marks were read from:
+the identity the reader was opened on (path, size, mtime, ctime, inode, device; see
+:class:`~tsfile_torch.read.openfiles.OpenFiles`), never by ``os.stat`` at save time, plus the
+series, time range and stride. It is saved only once complete and after the file was checked
+unchanged since, through a temporary file removed on every failure path. When loaded it is
+checked against the file (:func:`_agrees`: a few stretches between marks re-read, four small
+queries), so marks of another file that somehow got the key (an inode reused with equal times,
+a copied cache) are ignored instead of turning into wrong rows.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import logging
 import os
-import tempfile
 
 import numpy as np
 
 from tsfile_torch.catalog.build import FileInfo, ReadGroup
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
+from tsfile_torch.sources.content import atomic_write
 
 __all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "open_index", "save_index"]
 
@@ -64,6 +71,8 @@ class TimeIndex:
         self.end_time = end_time
         self._fetch = fetch
         self._name = name
+        #: where a complete index is saved (:func:`open_index`; ``None``: not saved)
+        self.cache_path: str | None = None
         count = -(-num_rows // stride)
         if marks is not None:
             self.marks, self.known = marks, count
@@ -113,14 +122,11 @@ class TimeIndex:
         return (
             f"{self._name}: the time column read from row {row} (time {t0}) to time {t1} "
             f"returned {got} timestamps, which disagrees with the metadata's {self.num_rows} rows "
-            f"ending at {self.end_time}; the file is damaged or changed"
+            f"ending at {self.end_time}; the file is damaged or changed; {SKIP_HINT}"
         )
 
 
-def _cache_path(directory: str, info: FileInfo, group: ReadGroup, stride: int) -> str | None:
-    key = info.source.index_key()  # the source's identity now (None: not cached on disk)
-    if key is None:
-        return None
+def _cache_path(directory: str, key: str, group: ReadGroup, stride: int) -> str:
     shard = group.shards[0]
     key = repr(
         (
@@ -147,19 +153,24 @@ def _load(path: str, expected: int) -> np.ndarray | None:
     return marks
 
 
-def _save(path: str, marks: np.ndarray) -> None:
-    tmp = None
-    try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, marks, allow_pickle=False)
-        os.replace(tmp, path)  # atomic: concurrent builders write the same bytes
-    except OSError as err:
-        logger.debug("cannot save a timeline index to %s: %s", path, err)
-        if tmp is not None:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+def _agrees(marks: np.ndarray, group: ReadGroup, stride: int, fetch) -> bool:
+    """Return whether loaded ``marks`` agree with the file (Note: index cache).
+
+    The marks must start at the group's first timestamp, increase and stay inside its time
+    range; then the rows between a few pairs of neighbouring marks (first, last, two between)
+    are read: each stretch must hold exactly ``stride`` rows and start at its mark.
+    """
+    if marks[0] != group.start_time or marks[-1] > group.end_time:
+        return False
+    if len(marks) > 1 and not bool(np.all(marks[1:] > marks[:-1])):
+        return False
+    n = len(marks)
+    for k in sorted({0, n // 3, 2 * n // 3, n - 1}):
+        t1 = int(marks[k + 1]) - 1 if k + 1 < n else group.end_time
+        times = fetch(int(marks[k]), t1)
+        if len(times) != min(stride, group.num_rows - k * stride) or times[0] != marks[k]:
+            return False
+    return True
 
 
 def open_index(
@@ -168,22 +179,34 @@ def open_index(
     group: ReadGroup,
     stride: int = DEFAULT_INDEX_STRIDE,
     cache_dir: str | None = None,
+    key: str | None = None,
 ) -> TimeIndex:
     """Return the group's :class:`TimeIndex`: complete from ``cache_dir``, else learned lazily.
 
-    ``fetch(t0, t1)`` returns the group's timestamps in ``[t0, t1]``.
+    ``fetch(t0, t1)`` returns the group's timestamps in ``[t0, t1]``; ``key`` is the
+    :meth:`~tsfile_torch.sources.Source.index_key` of the file as the reader that ``fetch``
+    reads through was opened on (``None``: no cache). Marks loaded from the cache are checked
+    against the file first (:func:`_agrees`) and ignored if they disagree.
     """
     name = f"{info.name}: device {'.'.join(map(str, group.device))}"
-    path = _cache_path(cache_dir, info, group, stride) if cache_dir else None
+    path = _cache_path(cache_dir, key, group, stride) if cache_dir and key else None
     expected = -(-group.num_rows // stride)
     marks = _load(path, expected) if path and os.path.exists(path) else None
-    return TimeIndex(
+    if marks is not None and not _agrees(marks, group, stride, fetch):
+        logger.info("%s: cached timeline index %s disagrees with the file; ignored", name, path)
+        marks = None
+    index = TimeIndex(
         stride, group.num_rows, group.start_time, group.end_time, fetch, name, marks=marks
     )
+    index.cache_path = path
+    return index
 
 
-def save_index(index: TimeIndex, info: FileInfo, group: ReadGroup, cache_dir: str) -> None:
-    """Write a complete index to ``cache_dir`` (atomically) for later processes and runs."""
-    path = _cache_path(cache_dir, info, group, index.stride)
-    if path and index.complete:
-        _save(path, index.marks)
+def save_index(index: TimeIndex) -> None:
+    """Write a complete index to its cache file (atomically) for later processes and runs.
+
+    Call only once the file was checked unchanged after the marks were read (Note: index
+    cache).
+    """
+    if index.cache_path and index.complete:
+        atomic_write(index.cache_path, lambda fh: np.save(fh, index.marks, allow_pickle=False))

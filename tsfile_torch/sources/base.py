@@ -15,6 +15,7 @@ class and one :func:`register` call in this package.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import glob
 import io
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.sources.content import FileIdentity, file_hash, stat_fields
 
 __all__ = [
     "FileObject",
@@ -59,12 +61,17 @@ class Source:
         """Return the size in bytes now."""
         raise NotImplementedError
 
-    def identity(self) -> tuple | None:
+    def identity(self) -> Any:
         """Return what change detection compares (``None``: this kind cannot be checked)."""
         return None
 
-    def check_unchanged(self, identity: tuple | None) -> None:
-        """Raise TsFileFormatError if the source no longer has ``identity``."""
+    def check_unchanged(self, identity: Any) -> Any:
+        """Raise TsFileFormatError if the source no longer has ``identity``.
+
+        Returns the identity to compare with from now on (``identity`` itself, or one that
+        accepts a change that leaves the content as it was).
+        """
+        return identity
 
     def reader_target(self) -> str | IO[bytes]:
         """Return what ``TsFileReader`` opens in this process (a path or a file object)."""
@@ -79,21 +86,19 @@ class Source:
         """Return the path whose mapping ``/proc/self/maps`` shows once a reader is open."""
         return None
 
-    def index_key(self) -> str | None:
-        """Return a key for caching derived data on disk (``None``: memory only)."""
+    def index_key(self, identity: Any = None) -> str | None:
+        """Return a key for caching what was derived from the source at ``identity`` (default:
+        its identity now) on disk; ``None``: not cached on disk."""
+        return None
+
+    def local_path(self) -> str | None:
+        """Return the absolute path a manifest in its directory may list (``None``: none)."""
         return None
 
     @contextlib.contextmanager
     def for_child(self) -> Iterator[Source]:
         """Yield a source a fresh interpreter can open (picklable by value)."""
         yield self
-
-
-def _stat_identity(st: os.stat_result) -> tuple[int, int, int, int, int]:
-    return (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-
-
-_IDENTITY_FIELDS = ("size", "mtime", "ctime", "inode", "device")
 
 
 @dataclass(frozen=True)
@@ -120,26 +125,68 @@ class LocalFile(Source):
     def size(self) -> int:
         return os.stat(self.path).st_size
 
-    def identity(self) -> tuple:
-        """Return (size, mtime, ctime, inode, device): ctime moves on every write, the inode on
-        a rename over the file, whatever ``cp -p`` / ``rsync -t`` do to mtime."""
-        return _stat_identity(os.stat(self.path))
+    def identity(self) -> FileIdentity:
+        """Return the file's :class:`~tsfile_torch.sources.content.FileIdentity` now."""
+        return FileIdentity.of(self.path)
 
-    def check_unchanged(self, identity: tuple | None) -> None:
+    def local_path(self) -> str:
+        return os.path.abspath(self.path)
+
+    def check_unchanged(self, identity: FileIdentity | None) -> FileIdentity | None:
+        """Raise TsFileFormatError unless the file still has ``identity``'s content.
+
+        Size, mtime, inode and device must be equal; a move of ctime alone is resolved as
+        Note: content-relevant identity (:mod:`tsfile_torch.sources.content`) says, and the
+        identity to compare with from then on is returned.
+        """
         try:
-            now = _stat_identity(os.stat(self.path))
+            st = os.stat(self.path)
         except OSError as err:
             raise TsFileFormatError(
                 f"{self.name}: file disappeared while in use ({err}); files must not be moved "
                 f"or deleted while a dataset reads them: rebuild the dataset"
             ) from err
-        if identity is not None and now != identity:
-            what = [n for n, a, b in zip(_IDENTITY_FIELDS, identity, now, strict=True) if a != b]
-            raise TsFileFormatError(
-                f"{self.name}: file changed while in use ({', '.join(what)} changed; size "
-                f"{identity[0]} -> {now[0]}); files must not be modified, replaced or truncated "
-                f"while a dataset reads them: rebuild the dataset"
-            )
+        if identity is None:
+            return None
+        now = stat_fields(st)
+        if now == identity.fields:
+            return identity
+        if now[:4] != identity.fields[:4]:
+            what = [
+                n
+                for n, a, b in zip(FileIdentity.FIELDS, identity.fields, now, strict=True)
+                if a != b
+            ]
+            raise self._changed(f"{', '.join(what)} changed; size {identity.size} -> {now[0]}")
+        return self._ctime_moved(identity, FileIdentity.of(self.path, st))
+
+    def _ctime_moved(self, was: FileIdentity, now: FileIdentity) -> FileIdentity:
+        """Accept a move of ctime alone, or raise (Note: content-relevant identity)."""
+        if was.content is not None:  # the full content hash is known: compare it
+            digest = file_hash(self.path, self.name, now.fields, self.index_key(now))
+            if digest != was.content:
+                raise self._changed(
+                    "ctime changed alone, but the content hash differs from the one verified "
+                    "when the dataset was built: the file was rewritten with its mtime restored"
+                )
+            return dataclasses.replace(now, content=digest)
+        if now.attributes != was.attributes and now.tail == was.tail:
+            return now  # chmod, chown, a hard link: the bytes that describe the file are intact
+        why = (
+            "and the file's head or metadata tail differs"
+            if now.tail != was.tail
+            else "with no change of permissions, owner or link count to explain it, as a chmod, "
+            "chown or hard link would; a same-size rewrite with its mtime restored looks like "
+            "this (list the files in a manifest, `tsfile-torch manifest DIR`, and a content "
+            "hash tells the two apart)"
+        )
+        raise self._changed(f"ctime changed alone, {why}")
+
+    def _changed(self, what: str) -> TsFileFormatError:
+        return TsFileFormatError(
+            f"{self.name}: file changed while in use ({what}); files must not be modified, "
+            f"replaced or truncated while a dataset reads them: rebuild the dataset"
+        )
 
     def reader_target(self) -> str:
         if not self.can_map:
@@ -156,8 +203,9 @@ class LocalFile(Source):
     def mapped_path(self) -> str:
         return os.path.realpath(self.path)
 
-    def index_key(self) -> str:
-        return repr((self.key, *self.identity()))
+    def index_key(self, identity: FileIdentity | None = None) -> str:
+        fields = identity.fields if identity is not None else stat_fields(os.stat(self.path))
+        return repr((self.key, *fields))
 
 
 @dataclass(frozen=True, eq=False)

@@ -49,6 +49,7 @@ import logging
 import os
 import re
 import shutil
+import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -56,6 +57,7 @@ from urllib.parse import unquote, urlparse
 
 from tsfile_torch.errors import RemoteError
 from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
+from tsfile_torch.options import user_cache_dir
 from tsfile_torch.sources.base import FileObject, Source, register
 
 __all__ = [
@@ -85,8 +87,9 @@ _EXTRA_HINT = "pip install 'tsfile-torch[remote]'"
 
 
 def default_cache_dir() -> str:
-    """Return ``~/.cache/tsfile-torch/remote``, where remote files are copied by default."""
-    return os.path.join(os.path.expanduser("~"), ".cache", "tsfile-torch", "remote")
+    """Return ``$XDG_CACHE_HOME/tsfile-torch/remote`` (default ``~/.cache/...``), where remote
+    files are copied by default."""
+    return user_cache_dir("remote")
 
 
 def is_url(source: object) -> bool:
@@ -173,8 +176,8 @@ class RemoteFile(Source):
     def mapped_path(self) -> str:
         return os.path.realpath(self.cache_path)
 
-    def index_key(self) -> str:
-        return repr((self.url, self.version, self.nbytes))
+    def index_key(self, identity=None) -> str:
+        return repr((self.url, *(identity or self.identity())))
 
     @contextlib.contextmanager
     def for_child(self) -> Iterator[Source]:
@@ -282,9 +285,10 @@ def expand_url(url: str, options: RemoteOptions | None = None) -> list[RemoteFil
 
     Raises:
         RemoteError: fsspec (or the store's package) is missing, the bucket / object does not
-            exist, access is denied, or nothing matches.
+            exist, access is denied, nothing matches, or ``cache_dir`` exists and is read-only.
     """
     options = options or RemoteOptions()
+    _check_writable(url, options.directory)
     fs = _filesystem(url, options)
     protocol = url.split("://", 1)[0]
     path = fs._strip_protocol(url)
@@ -318,6 +322,29 @@ def expand_url(url: str, options: RemoteOptions | None = None) -> list[RemoteFil
     except store_errors() as err:
         raise _remote_error(url, "list", err) from err
     return sorted((_entry(protocol, i, options) for i in files), key=lambda r: r.url)
+
+
+def _cache_dir_error(url: str, directory: str, err: OSError) -> RemoteError:
+    return RemoteError(
+        f"{url}: cannot write into cache_dir={directory!r} ({type(err).__name__}: {err}); local "
+        f"copies of URL sources need a writable cache_dir: pass another one"
+    )
+
+
+def _check_writable(url: str, directory: str) -> None:
+    """Raise RemoteError if ``directory`` exists and a file cannot be created in it.
+
+    Checked when a dataset is built, so a read-only cache is one clear error then, not a
+    failure in every process at its first read (a missing directory is created at the first
+    download).
+    """
+    if not os.path.isdir(directory):
+        return
+    try:
+        with tempfile.TemporaryFile(dir=directory, prefix=".probe-"):
+            pass
+    except OSError as err:
+        raise _cache_dir_error(url, directory, err) from err
 
 
 def file_url_path(url: str) -> str:
@@ -488,15 +515,18 @@ def fetch(remote: RemoteFile) -> str:
             f"{remote.url}: cannot create cache_dir={directory!r} ({err}); pass a writable "
             f"cache_dir"
         ) from err
-    with file_lock(target + ".lock"):
-        if os.path.exists(target):  # another process fetched it while we waited
-            return target
-        with file_lock(os.path.join(directory, ".cache.lock")):
-            _make_room(remote)
-            with open(f"{target}.part.{os.getpid()}", "wb") as part:
-                part.truncate(remote.nbytes)  # counted by _make_room in other processes
-        logger.debug("fetching %s (%d bytes) into %s", remote.url, remote.nbytes, target)
-        _download(remote, target)
+    try:
+        with file_lock(target + ".lock"):
+            if os.path.exists(target):  # another process fetched it while we waited
+                return target
+            with file_lock(os.path.join(directory, ".cache.lock")):
+                _make_room(remote)
+                with open(f"{target}.part.{os.getpid()}", "wb") as part:
+                    part.truncate(remote.nbytes)  # counted by _make_room in other processes
+            logger.debug("fetching %s (%d bytes) into %s", remote.url, remote.nbytes, target)
+            _download(remote, target)  # raises RemoteError for its own failures
+    except OSError as err:  # locks, eviction, the part file: writing into cache_dir
+        raise _cache_dir_error(remote.url, directory, err) from err
     with contextlib.suppress(OSError):
         _drop_old_versions(remote)
     return target

@@ -1,0 +1,114 @@
+"""Which files a dataset reads: the build-time checks, and ``on_damaged``.
+
+Note: damaged files at build. Before a dataset reads a file's metadata each file is checked,
+cheapest first: against the manifest that lists it (:mod:`tsfile_torch.integrity.manifest`),
+with ``on_damaged="skip"`` against what earlier reads found (a file a read found damaged is
+remembered by identity: Note: remembered verdicts in :mod:`tsfile_torch.sources.content`), then
+in the validation child (``validate=True``, :mod:`tsfile_torch.integrity.validate`); the dataset
+then reads the metadata of the rest in its own process. With ``on_damaged="raise"`` (the
+default) the first check that finds damaged files raises one TsFileFormatError naming each of
+them; with ``"skip"`` they are left out, one warning lists them, and ``ds.skipped`` says which
+and why. Damage found later, while reading, always raises, naming the file.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
+from tsfile_torch.integrity.manifest import check_manifests
+from tsfile_torch.integrity.validate import FileProblem, damaged_error, validate_sources
+from tsfile_torch.sources import Source
+from tsfile_torch.sources.content import recall
+
+__all__ = ["Screened", "leave_out", "screen_sources"]
+
+#: frames between :func:`warnings.warn` here and the user's dataset constructor call
+_STACKLEVEL = 4
+
+
+@dataclass
+class Screened:
+    """What :func:`screen_sources` found.
+
+    Attributes:
+        sources: the sources to read, in the given order.
+        problems: the files left out and why (``on_damaged="skip"``).
+        identities: source key -> identity carrying a content hash verified against a manifest.
+    """
+
+    sources: list[Source]
+    problems: list[FileProblem]
+    identities: dict[str, Any]
+
+
+def screen_sources(sources: Sequence[Source], validate: bool, on_damaged: str) -> Screened:
+    """Check ``sources`` as Note: damaged files at build says.
+
+    Raises:
+        TsFileFormatError: with ``on_damaged="raise"``, naming every damaged file one check
+            found; a manifest cannot be read.
+    """
+    skip = on_damaged == "skip"
+    manifests = check_manifests(sources)
+    if manifests.unlisted:
+        shown = ", ".join(manifests.unlisted[:5])
+        more = f" and {len(manifests.unlisted) - 5} more" if len(manifests.unlisted) > 5 else ""
+        warnings.warn(
+            f"{shown}{more}: not listed in the manifest of their directory, so not checked "
+            f"against it (added after it was written?); write it again with "
+            f"`tsfile-torch manifest DIR`",
+            stacklevel=_STACKLEVEL,
+        )
+    problems = list(manifests.problems)
+    if problems and not skip:
+        raise damaged_error(problems)
+    if skip:
+        problems += _remembered([s for s in sources if s.name not in {p.name for p in problems}])
+    good = [s for s in sources if s.name not in {p.name for p in problems}]
+    if validate and good:
+        found = validate_sources(good, "headers")
+        if found and not skip:
+            raise damaged_error(found)
+        problems += found
+        good = [s for s in good if s.name not in {p.name for p in found}]
+    return Screened(good, problems, manifests.identities)
+
+
+def _remembered(sources: Sequence[Source]) -> list[FileProblem]:
+    """Return the sources an earlier read found damaged, as they are now."""
+    out = []
+    for source in sources:
+        try:
+            key = source.index_key()
+        except OSError:
+            continue  # gone: reading its metadata says so
+        damaged = recall(key).get("damaged")
+        if damaged:
+            text = damaged.removeprefix(f"{source.name}: ").removesuffix(f"; {SKIP_HINT}")
+            out.append(FileProblem(source.name, f"an earlier read found it damaged: {text}"))
+    return out
+
+
+def leave_out(problems: Sequence[FileProblem], total: int) -> list[tuple[str, str]]:
+    """Warn once about the files ``problems`` leaves out; return them as (name, reason).
+
+    Raises:
+        TsFileFormatError: every one of the ``total`` files is damaged.
+    """
+    if not problems:
+        return []
+    if len(problems) >= total:
+        raise TsFileFormatError(
+            f"every file is damaged, nothing left to read (on_damaged='skip'): "
+            f"{damaged_error(problems)}"
+        )
+    listed = "; ".join(f"{p.name}: {p.reason}" for p in problems)
+    warnings.warn(
+        f"on_damaged='skip': left out {len(problems)} of {total} files: {listed}",
+        stacklevel=_STACKLEVEL,
+    )
+    return [(p.name, p.reason) for p in problems]
