@@ -21,14 +21,11 @@ from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, make_loader
 from tsfile_torch.cli import main as cli
 from tsfile_torch.read import diskcache
 
-SPEC = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=3, num_rows=3000)
-
 
 @pytest.fixture(scope="module")
-def rows_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("disk-rows")
-    synthetic.write_table_files(directory, SPEC)
-    return directory
+def rows_dir(small_dir):
+    """conftest's small dataset: 3 files x 2 devices x 3 fields x 5,000 rows."""
+    return small_dir
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +68,7 @@ def test_rows_equal_streaming_every_backend(rows_dir, tmp_path, read_backend, or
     got = _epochs(_rows(rows_dir, "disk", tmp_path, read_backend=read_backend, order=order))
     _same(got, want)
     (entry,) = _entries(tmp_path)
-    assert entry.filled_rows == entry.rows == SPEC.num_rows
+    assert entry.filled_rows == entry.rows == 5000
 
 
 @pytest.mark.slow
@@ -330,7 +327,7 @@ def test_cache_info_and_clear(rows_dir, tmp_path, capsys):
     _epochs(_rows(rows_dir, "disk", tmp_path), epochs=1)
     assert cli(["cache", "info", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "1 entries" in out and "3000 rows x 6 columns, 100% filled" in out
+    assert "1 entries" in out and "5000 rows x 18 columns, 100% filled" in out
     assert "part000.tsfile" in out
     assert cli(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     assert "deleted 1 entries" in capsys.readouterr().out
