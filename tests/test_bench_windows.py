@@ -22,6 +22,10 @@ def test_quick_window_benchmark_checksums_match_the_reference(tmp_path):
         "tsfile-torch shuffled dict items, workers=2",
         "tsfile-torch cached (memory), workers=0",
         "tsfile-torch cached (memory), workers=2",
+        "tsfile-torch disk shuffled, first run, workers=0",
+        "tsfile-torch disk shuffled, later run, workers=0",
+        "tsfile-torch disk shuffled, first run, workers=2",
+        "tsfile-torch disk shuffled, later run, workers=2",
         "TsFileDataFrame windows one by one (scaled)",
     ]
     assert all(r["checksum_ok"] for r in records)
@@ -46,5 +50,5 @@ def test_cli_bench_windows_quick_writes_json(tmp_path, capsys):
         ]
     )
     assert code == 0
-    assert len(out.read_text().splitlines()) == 6  # five routes and the dict items
+    assert len(out.read_text().splitlines()) == 8  # 5 routes, the dict items, 2 disk routes
     assert "in-memory numpy reference" in capsys.readouterr().out

@@ -280,6 +280,38 @@ def _verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    import datetime as dt
+    import json
+
+    from tsfile_torch.read import diskcache
+
+    directory = diskcache.decoded_dir(args.cache_dir)
+    if args.action == "clear":
+        count, nbytes = diskcache.clear(directory)
+        print(f"{directory}: deleted {count} entries, {nbytes / 2**20:.1f} MiB")
+        return 0
+    found = diskcache.entries(directory, details=True)
+    if args.json:
+        for e in found:
+            print(json.dumps(e.__dict__))
+        return 0
+    total = sum(e.nbytes for e in found)
+    print(f"{directory}: {len(found)} entries, {total / 2**20:.1f} MiB")
+    for e in sorted(found, key=lambda e: -e.last_used):
+        used = dt.datetime.fromtimestamp(e.last_used).isoformat(timespec="seconds")
+        if e.rows is None:
+            print(f"  {os.path.basename(e.path)}  {e.nbytes / 2**20:.1f} MiB  damaged")
+            continue
+        filled = 100 * e.filled_rows / max(e.rows, 1)
+        names = ", ".join(e.sources[:3]) + (f" +{len(e.sources) - 3}" if len(e.sources) > 3 else "")
+        print(
+            f"  {os.path.basename(e.path)}  {e.nbytes / 2**20:.1f} MiB  {e.rows} rows x "
+            f"{e.columns} columns, {filled:.0f}% filled, last used {used}  {names}"
+        )
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tsfile-torch", description="TsFile datasets for PyTorch")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -306,7 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         help="DataLoader workers (default 0 1 2; URL: 0; windows: 0 2)",
     )
-    b.add_argument("--caches", nargs="+", choices=["none", "memory"], default=["none", "memory"])
+    b.add_argument(
+        "--caches", nargs="+", choices=["none", "memory", "disk"], default=["none", "memory"]
+    )
     b.add_argument(
         "--cold",
         action="store_true",
@@ -406,6 +440,16 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--timeout", type=float, help="seconds one file may take (default: by size)")
     v.add_argument("--json", action="store_true", help="one JSON record per file")
     v.set_defaults(func=_verify)
+
+    k = sub.add_parser("cache", help='show or empty the decoded cache of cache="disk"')
+    k.add_argument("action", choices=["info", "clear"])
+    k.add_argument(
+        "--cache-dir",
+        help="the datasets' cache_dir (entries in CACHE_DIR/decoded; default "
+        "$XDG_CACHE_HOME/tsfile-torch/decoded)",
+    )
+    k.add_argument("--json", action="store_true", help="info: one JSON record per entry")
+    k.set_defaults(func=_cache)
     return parser
 
 

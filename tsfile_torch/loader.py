@@ -104,7 +104,7 @@ class _Pass:
             if self._sums is not None:
                 sums, self._sums = self._sums, None
                 if sums.check():
-                    self._loader._sums_checked = self._loader.dataset.options.cache == "memory"
+                    self._loader._sums_checked = self._loader.dataset.options.cache != "none"
             raise
         except (RuntimeError, ConnectionError, EOFError) as err:
             self._end()

@@ -39,7 +39,9 @@ __all__ = [
 READ_BACKENDS = ("auto", "mmap", "pread")
 #: ``none``: streaming; decoded blocks live in a bounded cache emptied at each epoch.
 #: ``memory``: every row read is kept in the process across epochs (decode once).
-CACHE_MODES = ("none", "memory")
+#: ``disk``: every row read is kept in a memory-mapped file that every process and later run
+#: shares (see :mod:`tsfile_torch.read.diskcache`).
+CACHE_MODES = ("none", "memory", "disk")
 #: How the rows of an aligned view are chosen; ``None`` means "one shared timeline".
 ALIGN_MODES = ("union", "intersect")
 #: What a series holds at an aligned row where it has no sample.
@@ -196,8 +198,10 @@ class ReadOptions:
         read_backend: ``"auto"``, ``"mmap"`` or ``"pread"`` (or a ``tsfile.FileReadBackend``),
             captured when each reader opens.
         dtype: torch floating dtype of the values (by name: ``"float32"``...).
-        cache: ``"none"`` (streaming: a bounded block cache, emptied each epoch) or
-            ``"memory"`` (every row read kept in the process across epochs).
+        cache: ``"none"`` (streaming: a bounded block cache, emptied each epoch),
+            ``"memory"`` (every row read kept in the process across epochs) or ``"disk"``
+            (every row read kept in a memory-mapped file under ``cache_dir``, shared by
+            workers, epochs and later runs; Note: decoded disk cache).
         cache_bytes: block-cache budget per process (``None``: two blocks of every read group,
             at least 64 MiB, at most 1 GiB or a quarter of RAM).
         block_rows: rows decoded per native call and cache entry (``None``: 131,072 for rows,
@@ -205,8 +209,10 @@ class ReadOptions:
         return_timestamps: add the int64 timestamps to each item.
         storage_options: fsspec filesystem arguments for URL sources (credentials, endpoint).
         cache_dir: where URL sources are copied before reading (``None``:
-            ``~/.cache/tsfile-torch/remote``).
-        cache_limit: bytes of copies kept in ``cache_dir`` (least recently used deleted first).
+            ``~/.cache/tsfile-torch/remote``); ``cache="disk"`` keeps its entries in
+            ``<cache_dir>/decoded`` (``None``: ``$XDG_CACHE_HOME/tsfile-torch/decoded``).
+        cache_limit: bytes of URL copies kept in ``cache_dir``, and separately bytes of
+            decoded entries kept (least recently used deleted first in each).
         start_time, end_time: first / last timestamp read (inclusive; ``None``: unbounded):
             an integer in ``time_unit``, a datetime (naive = UTC), a numpy.datetime64 or an
             ISO-8601 string. Pushed down to the reader: only rows in range are read.

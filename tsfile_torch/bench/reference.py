@@ -20,7 +20,7 @@ import os
 import resource
 import statistics
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ from tsfile_torch.bench.harness import (
 )
 from tsfile_torch.data.rows import TsFileIterableDataset
 from tsfile_torch.loader import make_loader, worker_context
+from tsfile_torch.read import diskcache
 from tsfile_torch.read.reader import BatchReader
 from tsfile_torch.sampling import orders
 from tsfile_torch.sources import expand_sources
@@ -62,6 +63,9 @@ class BenchConfig:
     cache: str = "none"
     use_index: bool = False
     query_workers: int | None = None
+    #: ``cache="disk"`` only: empty the decoded cache before each build (the first epoch fills
+    #: it); else the entry is filled before the rounds, as a later run finds it
+    fresh_cache: bool = False
 
     @property
     def name(self) -> str:
@@ -70,7 +74,8 @@ class BenchConfig:
             return f"TsFileDataFrame(use_index={self.use_index}{extra})"
         if self.kind == "memcopy":
             return f"memcopy reference, workers={self.num_workers}"
-        return f"tsfile-torch {self.read_backend}, workers={self.num_workers}, cache={self.cache}"
+        cache = self.cache + ("(empty)" if self.fresh_cache else "")
+        return f"tsfile-torch {self.read_backend}, workers={self.num_workers}, cache={cache}"
 
 
 @dataclass(frozen=True)
@@ -98,7 +103,13 @@ def default_configs(
     backends=("auto", "mmap", "pread"), workers=(0, 1, 2), caches=("none", "memory")
 ) -> list[BenchConfig]:
     """Return the tsfile-torch grid, the memcopy reference per worker count, and the baselines."""
-    ours = [BenchConfig("tsfile-torch", b, w, c) for c in caches for w in workers for b in backends]
+    ours = [
+        BenchConfig("tsfile-torch", b, w, c, fresh_cache=fresh)
+        for c in caches
+        for fresh in ((True, False) if c == "disk" else (False,))
+        for w in workers
+        for b in backends
+    ]
     copies = [BenchConfig("memcopy", num_workers=w) for w in workers]
     return [*DATAFRAME_BASELINES, *copies, *ours]
 
@@ -127,6 +138,26 @@ def _loader_rss_mib(loader) -> float:
     return round(
         sum(_proc_status_kib(p, "VmRSS") for p in pids if os.path.exists(f"/proc/{p}")) / 1024, 1
     )
+
+
+def _loader_pss_mib(loader) -> tuple[float, float]:
+    """Proportional set size and anonymous resident memory now of this process plus the
+    loader's live workers, MiB: shared pages (a mapped decoded cache) count once in the PSS."""
+    pids = [os.getpid()]
+    it = getattr(loader, "_iterator", None)
+    pids += [w.pid for w in getattr(it, "_workers", [])]
+    pss = anon = 0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as fh:
+                for line in fh:
+                    if line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+                    elif line.startswith("Anonymous:"):
+                        anon += int(line.split()[1])
+        except OSError:
+            continue
+    return round(pss / 1024, 1), round(anon / 1024, 1)
 
 
 def _reset_hwm() -> None:
@@ -204,14 +235,25 @@ class _Runner:
         times: np.ndarray,
         dataframe_dir: str,
         rand_starts: np.ndarray,
+        decoded_dir: str = "",
     ):
         self.plan, self.paths, self.names = plan, paths, names
+        self.decoded_dir = decoded_dir
         self.reference, self.times, self.dataframe_dir = reference, times, dataframe_dir
         self.seq_starts = np.arange(0, reference.shape[0], plan.batch_size, dtype=np.int64)
         self.rand_starts = rand_starts
 
+    def disk_cache_dir(self, cfg: BenchConfig) -> str | None:
+        """The ``cache_dir`` of a ``cache="disk"`` configuration (emptied ones apart)."""
+        if cfg.cache != "disk":
+            return None
+        return os.path.join(self.decoded_dir, "empty" if cfg.fresh_cache else "kept")
+
     def _tsfile_torch(self, cfg: BenchConfig):
         p = self.plan
+        cache_dir = self.disk_cache_dir(cfg)
+        if cfg.fresh_cache:
+            diskcache.clear(diskcache.decoded_dir(cache_dir))
         ds = TsFileIterableDataset(
             self.paths,
             columns=list(p.columns) if p.columns else None,
@@ -219,6 +261,7 @@ class _Runner:
             read_backend=cfg.read_backend,
             seed=p.seed,
             cache=cfg.cache,
+            cache_dir=cache_dir,
         )
         return ds, make_loader(ds, num_workers=cfg.num_workers)
 
@@ -248,6 +291,7 @@ class _Runner:
         usage0 = resource.getrusage(resource.RUSAGE_SELF)
         worker_faults, worker_hwm = [0, 0], 0
         rss: list[float] = []  # after each epoch: this process + live workers
+        pss: list[tuple[float, float]] = []  # (PSS, anonymous) after each epoch, same processes
         if cfg.kind == "dataframe":
             from tsfile import TsFileDataFrame
 
@@ -283,7 +327,10 @@ class _Runner:
                     lambda _: consume(loader),
                     1 if random else self.plan.epochs,
                     before=before,
-                    after=lambda *_: rss.append(_loader_rss_mib(loader)),
+                    after=lambda *_: (
+                        rss.append(_loader_rss_mib(loader)),
+                        pss.append(_loader_pss_mib(loader)),
+                    ),
                 )
 
             seq, rnd = epochs(random=False), epochs(random=True)
@@ -311,6 +358,8 @@ class _Runner:
                 max(_proc_status_kib(os.getpid(), "VmHWM"), worker_hwm) / 1024, 1
             ),
             "rss_mib_after_epoch": rss,
+            "peak_pss_mib": max((p for p, _ in pss), default=0.0),
+            "peak_anon_mib": max((a for _, a in pss), default=0.0),
         }
 
 
@@ -338,12 +387,20 @@ def run_benchmark(
     reader = BatchReader(ds.catalog, "pread", np.float32, cache_bytes=0)
     reference, times = reader.read(0, ds.num_rows)
     reader.close()
-    with tempfile.TemporaryDirectory(prefix="tsfile-torch-bench-") as frame_dir:
+    with (
+        tempfile.TemporaryDirectory(prefix="tsfile-torch-bench-") as frame_dir,
+        tempfile.TemporaryDirectory(prefix="tsfile-torch-decoded-") as decoded_dir,
+    ):
         # TsFileDataFrame(use_index=True) writes index files beside the data: give it links in a
         # scratch directory so nothing is left in the user's data folder
         for p in paths:
             os.symlink(os.path.abspath(p), os.path.join(frame_dir, os.path.basename(p)))
-        runner = _Runner(plan, paths, names, reference, times, frame_dir, rand_starts)
+        runner = _Runner(plan, paths, names, reference, times, frame_dir, rand_starts, decoded_dir)
+        for cfg in {c for c in configs if c.cache == "disk" and not c.fresh_cache}:
+            # a later run's view: the decoded cache filled by an earlier one
+            filled, _ = runner._tsfile_torch(replace(cfg, num_workers=0))
+            consume(filled)
+            del filled
         bs = plan.batch_size
         expected_seq = consume(reference[s : s + bs] for s in runner.seq_starts).checksum
         expected_rnd = consume(reference[s : s + bs] for s in runner.rand_starts).checksum
@@ -430,6 +487,8 @@ def summarize(records: list[dict]) -> list[dict]:
             "minflt": statistics.median(r["minflt"] for r in recs),
             "majflt": statistics.median(r["majflt"] for r in recs),
             "peak_rss_mib": max(r["peak_rss_mib"] for r in recs),
+            "peak_pss_mib": max(r.get("peak_pss_mib", 0.0) for r in recs),
+            "peak_anon_mib": max(r.get("peak_anon_mib", 0.0) for r in recs),
             "speedup": {},
             "rss_growth_pct": max(_growth(r) for r in recs),
         }
@@ -464,7 +523,7 @@ def format_table(records: list[dict]) -> str:
     ]
     head = (
         f"{'configuration':<46} {'1st s':>6} {'later s min/med':>16} {'rand s':>7} "
-        f"{'rows/s':>10} {'MiB/s':>7} {'minflt':>8} {'RSS MiB':>8} {'RSS+%':>6}  "
+        f"{'rows/s':>10} {'MiB/s':>7} {'minflt':>8} {'RSS MiB':>8} {'PSS MiB':>8} {'RSS+%':>6}  "
         f"x DF seq/rand | x DF(idx,2) seq/rand | % memcopy"
     )
     lines = [head, "-" * len(head)]
@@ -480,6 +539,7 @@ def format_table(records: list[dict]) -> str:
             f"{row['config']:<46} {row['first_median']:6.3f} {row['later_min']:7.3f} /"
             f"{row['later_median']:7.3f} {row['random_median']:7.3f} {row['rows_per_s']:10,.0f} "
             f"{row['mib_per_s']:7.1f} {row['minflt']:8.0f} {row['peak_rss_mib']:8.1f} "
+            f"{row['peak_pss_mib']:8.1f} "
             f"{row['rss_growth_pct'] or 0:6.1f}  "
             f"{cells[0]:>13} | {cells[1]:>20} | {pct}"
         )

@@ -6,6 +6,9 @@ times one shuffled epoch of all windows (``context_length`` + ``horizon`` rows, 
 - tsfile-torch streaming: a dataset with ``shuffle=True`` (windows shuffled within a buffer of
   ``blocks_per_shuffle`` blocks) through :func:`~tsfile_torch.make_loader`, with a block cache
   that holds only the blocks in play, 0 and 2 workers;
+- tsfile-torch disk cache: ``cache="disk"`` in the streaming shuffled order, the second epoch
+  (the first fills the entry), then a new dataset over the filled entry (a later run), 0 and 2
+  workers (``first_epoch_seconds`` holds each one's first epoch);
 - tsfile-torch cached: ``cache="memory"`` and ``order="batches"`` (a full permutation of the
   windows, what a plain ``RandomSampler`` gives), the second epoch (the first decodes), 0 and 2
   workers;
@@ -40,6 +43,7 @@ from tsfile_torch.data.windows import (
     collate_windows,
 )
 from tsfile_torch.loader import make_loader, worker_context
+from tsfile_torch.read import diskcache
 
 __all__ = ["QUICK_WINDOWS", "WindowBenchPlan", "format_window_table", "run_window_benchmark"]
 
@@ -175,55 +179,56 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     add(route, timings.seconds[0], read.rows, read.checksum == expected)
     stream.close()
 
-    shuffling = dict(
-        cache_bytes=cache_bytes,
-        shuffle=True,
-        seed=plan.seed,
-        shuffle_blocks=plan.blocks_per_shuffle,
-    )
-    shuffled = _dataset(plan, paths, **shuffling)
-    for workers in plan.workers:
-        loader = make_loader(shuffled, batch_size=bs, num_workers=workers)
-        # the first pays worker start-up; report the second
-        timings, read = _epoch(loader, warmup=1, before=shuffled.set_epoch)
-        route = f"tsfile-torch streaming shuffled, workers={workers}"
-        add(route, timings.seconds[0], read.rows, read.checksum == expected)
-        del loader
-        shuffled.close()
-
-    # the same shuffled windows as dict items: observed masks, times, device ids, tag codes and
-    # time features built per batch; checksummed on past / future values
-    tuple_seconds = {r["route"]: r["seconds"] for r in records}
-    dicts = _dataset(
-        plan, paths, **shuffling, return_dict=True, time_features=list(DICT_TIME_FEATURES)
-    )
-    for workers in plan.workers:
-        loader = make_loader(dicts, batch_size=bs, num_workers=workers)
-        timings, read = _epoch(_DictValues(loader), warmup=1, before=dicts.set_epoch)
-        tuple_route = tuple_seconds[f"tsfile-torch streaming shuffled, workers={workers}"]
+    def timed(ds, route: str, workers: int, wrap=None) -> dict:
+        """Time the second epoch of ``ds`` (the first pays worker start-up, decodes, fills)."""
+        loader = make_loader(ds, batch_size=bs, num_workers=workers)
+        batches = wrap(loader) if wrap is not None else loader
+        timings, read = _epoch(batches, warmup=1, before=ds.set_epoch)
         add(
-            f"tsfile-torch shuffled dict items, workers={workers}",
-            timings.seconds[0],
-            read.rows,
-            read.checksum == expected,
-            extra={"x_tuple_route": timings.seconds[0] / tuple_route},
-        )
-        del loader
-        dicts.close()
-
-    cached = _dataset(plan, paths, cache="memory", order="batches", seed=plan.seed)
-    for workers in plan.workers:
-        loader = make_loader(cached, batch_size=bs, num_workers=workers)
-        timings, read = _epoch(loader, warmup=1, before=cached.set_epoch)  # the first decodes
-        add(
-            f"tsfile-torch cached (memory), workers={workers}",
+            route,
             timings.seconds[0],
             read.rows,
             read.checksum == expected,
             extra={"first_epoch_seconds": timings.warmup_seconds[0]},
         )
         del loader
-        cached.close()
+        ds.close()
+        return records[-1]
+
+    shuffle = {"shuffle": True, "seed": plan.seed, "shuffle_blocks": plan.blocks_per_shuffle}
+    shuffled = _dataset(plan, paths, cache_bytes=cache_bytes, **shuffle)
+    tuple_seconds = {}
+    for workers in plan.workers:
+        route = f"tsfile-torch streaming shuffled, workers={workers}"
+        tuple_seconds[workers] = timed(shuffled, route, workers)["seconds"]
+
+    # the same shuffled windows as dict items: observed masks, times, device ids, tag codes and
+    # time features built per batch; checksummed on past / future values
+    dicts = _dataset(
+        plan,
+        paths,
+        cache_bytes=cache_bytes,
+        **shuffle,
+        return_dict=True,
+        time_features=list(DICT_TIME_FEATURES),
+    )
+    for workers in plan.workers:
+        route = f"tsfile-torch shuffled dict items, workers={workers}"
+        rec = timed(dicts, route, workers, wrap=_DictValues)
+        rec["x_tuple_route"] = rec["seconds"] / tuple_seconds[workers]
+
+    cached = _dataset(plan, paths, cache="memory", order="batches", seed=plan.seed)
+    for workers in plan.workers:
+        timed(cached, f"tsfile-torch cached (memory), workers={workers}", workers)
+
+    # the decoded disk cache in the streaming shuffled order: a first run fills the entry in
+    # its first epoch, a later run (a new dataset) starts on the filled entry
+    with tempfile.TemporaryDirectory(prefix="tsfile-torch-decoded-") as decoded:
+        for workers in plan.workers:
+            for run in ("first run", "later run"):
+                disk = _dataset(plan, paths, cache="disk", cache_dir=decoded, **shuffle)
+                timed(disk, f"tsfile-torch disk shuffled, {run}, workers={workers}", workers)
+            diskcache.clear(diskcache.decoded_dir(decoded))
 
     # TsFileDataFrame: one .loc per window, the first windows of the shuffled order, scaled
     from tsfile import TsFileDataFrame

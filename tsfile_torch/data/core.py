@@ -47,6 +47,7 @@ from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.screen import leave_out, screen_sources
 from tsfile_torch.native.backend import check_backend
 from tsfile_torch.options import ReadOptions, check_int
+from tsfile_torch.read import diskcache
 from tsfile_torch.read.align import Alignment, timelines_of
 from tsfile_torch.read.memory import MemoryStore
 from tsfile_torch.read.reader import BatchReader, cache_cap
@@ -161,7 +162,7 @@ class DatasetCore:
         self._slots: ReadSlots | None = ReadSlots()  # Note: worker reports
         self._reader: BatchReader | None = None
         self._reader_epoch: int | None = None
-        self._store: MemoryStore | None = None
+        self._store: MemoryStore | bool | None = None  # False: the disk cache is unusable here
         self._passes = 0
         self._latest: tuple[state.Cursor, int, int] | None = None  # this process's latest pass
         self._resume: dict[str, Any] | None = None
@@ -180,6 +181,9 @@ class DatasetCore:
         _warn_inexact_integers(catalog, self.options.dtype)
         #: Applied to every value read (``normalize=``); hand it to a validation dataset.
         self.normalizer: Normalizer | None = self._make_normalizer(list(names))
+        if self.options.cache == "disk":
+            # create the entry (or warn that it cannot be used) once, here: workers only open it
+            self._memory()
         self.close()  # readers used while building are not carried into workers
 
     def _make_normalizer(self, names: list[str]) -> Normalizer | None:
@@ -275,7 +279,7 @@ class DatasetCore:
     def _rows(self, table: int, start: int, stop: int, random_access: bool = False):
         """Return rows ``[start, stop)`` of ``table`` as handed out: normalized, output dtype.
 
-        The arrays are the caller's: with ``cache="memory"`` rows are kept in the
+        The arrays are the caller's: with ``cache="memory"`` / ``"disk"`` rows are kept in the
         :class:`~tsfile_torch.read.memory.MemoryStore` and a kept range is returned as a copy.
         """
         store = self._memory()
@@ -305,16 +309,51 @@ class DatasetCore:
         raise NotImplementedError
 
     def _memory(self) -> MemoryStore | None:
-        if self.options.cache != "memory":
+        """Return this process's store of kept rows (``cache="memory"`` / ``"disk"``), or None.
+
+        ``None`` with ``cache="none"``, and with ``cache="disk"`` when the disk cache cannot be
+        used here (it warned once; rows are decoded as when streaming).
+        """
+        if self.options.cache == "none":
             return None
         self.reader  # noqa: B018 - a store belongs to the process's reader
         if self._store is None:
-            self._store = MemoryStore(
-                [t.num_rows for t in self.tables],
-                len(self.tables[0].columns),
-                _NUMPY_DTYPE.get(self.options.dtype, np.float32),
-            )
-        return self._store
+            sizes = [t.num_rows for t in self.tables]
+            dtype = _NUMPY_DTYPE.get(self.options.dtype, np.float32)
+            width = len(self.tables[0].columns)
+            if self.options.cache == "memory":
+                self._store = MemoryStore(sizes, width, dtype)
+            else:
+                o = self.options
+                key = self._cache_key(dtype)
+                quiet = tud.get_worker_info() is not None  # the building process warned
+                self._store = (
+                    diskcache.open_store(
+                        sizes, width, dtype, key, o.cache_dir, o.cache_limit, quiet
+                    )
+                    or False
+                )
+        return self._store or None
+
+    def _cache_key(self, dtype) -> str | None:
+        """Return what shapes the kept values (the disk cache's key), or None if unkeyable."""
+        files = [info.index_key for info in self.catalog.files]  # as the catalog read them
+        if None in files:
+            return None
+        o = self.options
+        return diskcache.fingerprint(
+            {
+                "format": 1,
+                "files": files,
+                "names": [info.name for info in self.catalog.files],
+                "columns": self.catalog.column_names,
+                "tables": [[list(t.columns), t.num_rows] for t in self.tables],
+                "dtype": np.dtype(dtype).str,
+                "time": [o.start_time, o.end_time, self.catalog.start_time, self.catalog.end_time],
+                "align": [o.align, o.fill],
+                "normalize": repr(self.normalizer),
+            }
+        )
 
     def close(self) -> None:
         """Close this process's readers and drop decoded values (they reopen on the next read)."""

@@ -151,12 +151,12 @@ class _Rows(DatasetCore):
             return self._read_span(*self._row_span(items))
         rows = np.sort(items)
         store = self._memory()
-        if store is not None and store.filled[rows].all():
+        if store is not None and store.has_rows(rows):
             return self._as_batch(store.values[rows], store.times[rows])
         values, times = self.tables[0].take(self.reader, rows)
         values = self._finalize(0, values)
         if store is not None:
-            store.values[rows], store.times[rows], store.filled[rows] = values, times, True
+            store.put_rows(rows, values, times)
         return self._as_batch(values, times)
 
     def _read_span(self, start: int, stop: int):

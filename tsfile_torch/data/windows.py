@@ -16,7 +16,8 @@ numpy indexing operation per block. The orders of :mod:`tsfile_torch.sampling.or
 block as the windows starting in it, so ``order="shuffle"`` mixes ``shuffle_blocks`` blocks at
 a time and a process decodes each block about once per epoch. ``cache="memory"`` keeps every
 device whole in the :class:`~tsfile_torch.read.memory.MemoryStore` instead (first read of a
-device decodes it), and a batch from any devices is then one gather.
+device decodes it), and a batch from any devices is then one gather; ``cache="disk"`` is the
+same store in a file mapped by every worker and later run (Note: decoded disk cache).
 """
 
 from __future__ import annotations
@@ -554,7 +555,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         values = _batch_array((len(k), length, len(self.fields)), dtype)
         keep_times = self.options.return_timestamps or self.return_dict
         times = np.empty((len(k), length), dtype=np.int64) if keep_times else None
-        store = self._memory()
+        store = self._device_store()
         if store is not None:  # every device kept whole, in one array: one gather
             for dk in np.unique(k):
                 self._whole_device(int(dk))
@@ -655,7 +656,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
 
     def _block(self, k: int, b: int) -> tuple[np.ndarray, np.ndarray]:
         """Return block ``b`` of device ``k`` with its windows' tails: values, times."""
-        store = self._memory()
+        store = self._device_store()
         if store is not None:
             self._whole_device(k)
             lo = b * self.block_rows
@@ -684,6 +685,23 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     def _dtype(self):
         return np.float64 if self.options.dtype == "float64" else np.float32
 
+    def _device_store(self):
+        """Return the store when devices can be kept whole in it (else None: read blocks).
+
+        A read-only disk cache (Note: decoded disk cache) serves only when it holds every
+        device already: rows it lacks could not be kept, and a gather must not read them.
+        """
+        store = self._memory()
+        if store is None or store.writable:
+            return store
+        if store is not self._checked_store:
+            whole = all(store.has_whole(k) for k in range(len(self.tables)))
+            self._checked_store, self._whole_store = store, whole
+        return store if self._whole_store else None
+
+    _checked_store = None
+    _whole_store = False
+
     def _whole_device(self, k: int) -> None:
         """Decode device ``k`` into the memory store (``cache="memory"``), once per process."""
         store = self._memory()
@@ -691,7 +709,9 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             return
         n = self.tables[k].num_rows
         for lo in range(0, n, self.block_rows):
-            self._rows(k, lo, min(lo + self.block_rows, n))
+            hi = min(lo + self.block_rows, n)
+            if not store.has(k, lo, hi):  # another process may have filled it (cache="disk")
+                self._rows(k, lo, hi)
 
     def _table_names(self, table: int) -> list[str]:
         if self.normalize_by == "device":
@@ -725,7 +745,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     @property
     def cached_bytes(self) -> int:
         """Bytes of decoded values held in this process (blocks, or the memory store)."""
-        if self._store is not None:
+        if self._store:
             return self._store.nbytes
         return self._blocks.nbytes if self._blocks is not None else 0
 
@@ -737,6 +757,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         out = super().__getstate__()
         out["_blocks"] = None
         out["_arguments"] = None  # sources may be open file objects; split before pickling
+        out.pop("_checked_store", None)
         return out
 
     # -- statistics -------------------------------------------------------------------------

@@ -1,19 +1,35 @@
 """MemoryStore: rows kept for the life of a process (``cache="memory"``), in one array.
 
-The one decoded memory cache: the row datasets keep their one table here, the window dataset
-one table per device, side by side in the same ``(rows, columns)`` array, so a batch of windows
+The one decoded cache: the row datasets keep their one table here, the window dataset one
+table per device, side by side in the same ``(rows, columns)`` array, so a batch of windows
 from many devices is one numpy gather. Values are kept as handed out (normalized, in the
 output dtype); a table's rows are filled as they are first read. Memory:
-``rows * (columns * itemsize + 9)`` bytes per process.
+``rows * (columns * itemsize + 9)`` bytes per process. ``cache="disk"`` is the same store over
+arrays mapped from one file shared by every process (see
+:mod:`tsfile_torch.read.diskcache`, Note: decoded disk cache).
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
 import numpy as np
 
 __all__ = ["MemoryStore"]
+
+_FENCE = threading.Lock()
+
+
+def _fence() -> None:
+    """Order the stores before it before the stores after it, as other processes see them.
+
+    Acquiring and releasing a mutex is a full memory barrier; on x86 stores are seen in
+    program order anyway, on weaker CPUs (ARM) this keeps a ``filled`` flag from becoming
+    visible before the values it vouches for.
+    """
+    with _FENCE:
+        pass
 
 
 class MemoryStore:
@@ -23,14 +39,32 @@ class MemoryStore:
         sizes: rows of each table.
         num_columns: columns of every table.
         dtype: dtype of the values.
+        arrays: ``(values, times, filled)`` to keep the rows in (a mapped file); ``None``:
+            new arrays in this process's memory.
+        backing: what ``arrays`` live in (kept open as long as the store).
+        writable: ``False``: rows already kept are served, :meth:`put` keeps nothing.
     """
 
-    def __init__(self, sizes: Sequence[int], num_columns: int, dtype):
+    def __init__(
+        self,
+        sizes: Sequence[int],
+        num_columns: int,
+        dtype,
+        arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+        backing=None,
+        writable: bool = True,
+    ):
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(self.offsets[-1])
-        self.values = np.empty((total, num_columns), dtype=dtype)
-        self.times = np.empty(total, dtype=np.int64)
-        self.filled = np.zeros(total, dtype=bool)
+        if arrays is None:
+            arrays = (
+                np.empty((total, num_columns), dtype=dtype),
+                np.empty(total, dtype=np.int64),
+                np.zeros(total, dtype=bool),
+            )
+        self.values, self.times, self.filled = arrays
+        self.backing = backing
+        self.writable = writable
         self._whole = np.zeros(len(sizes), dtype=bool)  # tables known to be kept entirely
 
     @property
@@ -59,6 +93,21 @@ class MemoryStore:
     def put(self, table: int, start: int, values: np.ndarray, times: np.ndarray) -> None:
         """Keep ``values`` / ``times`` as rows ``start, start + 1, ...`` of ``table``."""
         base = int(self.offsets[table]) + start
-        self.values[base : base + len(times)] = values
-        self.times[base : base + len(times)] = times
-        self.filled[base : base + len(times)] = True
+        self.put_rows(slice(base, base + len(times)), values, times)
+
+    def has_rows(self, rows: np.ndarray) -> bool:
+        """Return True if the store rows ``rows`` (positions in the one array) are kept."""
+        return bool(self.filled[rows].all())
+
+    def put_rows(self, rows, values: np.ndarray, times: np.ndarray) -> None:
+        """Keep ``values`` / ``times`` as the store rows ``rows`` (a slice or positions).
+
+        Values first, flags last (Note: decoded disk cache): a reader in another process
+        trusts a row once its flag is set.
+        """
+        if not self.writable:
+            return
+        self.values[rows] = values
+        self.times[rows] = times
+        _fence()
+        self.filled[rows] = True

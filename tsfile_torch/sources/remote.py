@@ -66,6 +66,7 @@ __all__ = [
     "RemoteOptions",
     "default_cache_dir",
     "expand_url",
+    "file_lock",
     "file_url_path",
     "is_url",
     "open_metadata",
@@ -382,11 +383,11 @@ def open_metadata(remote: RemoteFile) -> Iterator[Any]:
 
 # -- the local cache --------------------------------------------------------------------------
 @contextlib.contextmanager
-def _locked(path: str) -> Iterator[None]:
+def file_lock(path: str) -> Iterator[None]:
     """Hold an exclusive ``fcntl`` lock on ``path`` (created if absent) across processes."""
     import fcntl
 
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield
@@ -400,6 +401,8 @@ def _copies(directory: str) -> list[tuple[float, int, str]]:
     with os.scandir(directory) as entries:
         for entry in entries:
             if entry.name.endswith(".lock") or entry.name.startswith("."):
+                continue
+            if entry.is_dir(follow_symlinks=False):  # decoded/: the decoded cache's own bound
                 continue
             try:
                 st = entry.stat()
@@ -513,10 +516,10 @@ def fetch(remote: RemoteFile) -> str:
             f"cache_dir"
         ) from err
     try:
-        with _locked(target + ".lock"):
+        with file_lock(target + ".lock"):
             if os.path.exists(target):  # another process fetched it while we waited
                 return target
-            with _locked(os.path.join(directory, ".cache.lock")):
+            with file_lock(os.path.join(directory, ".cache.lock")):
                 _make_room(remote)
                 with open(f"{target}.part.{os.getpid()}", "wb") as part:
                     part.truncate(remote.nbytes)  # counted by _make_room in other processes

@@ -1,0 +1,350 @@
+"""cache="disk": the decoded cache in memory-mapped files, shared by workers, epochs and runs.
+
+Every test compares what a disk-cached dataset hands out with what a streaming dataset
+(``cache="none"``) over the same files hands out, in the same order, so the expected answer is
+one line; each test gets its own ``cache_dir`` (``tmp_path``).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, make_loader, synthetic
+from tsfile_torch.cli import main as cli
+from tsfile_torch.read import diskcache
+
+
+@pytest.fixture(scope="module")
+def rows_dir(small_dir):
+    """conftest's small dataset: 3 files x 2 devices x 3 fields x 5,000 rows."""
+    return small_dir
+
+
+@pytest.fixture(scope="module")
+def panel_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("disk-panel")
+    synthetic.write_panel(directory, num_devices=3, num_fields=2, num_rows=[900, 400, 650])
+    return directory
+
+
+def _epochs(ds, num_workers=0, epochs=2, batch_size=None):
+    """Return every epoch's batches, concatenated per epoch (values and timestamps)."""
+    loader = make_loader(ds, batch_size=batch_size, num_workers=num_workers)
+    out = []
+    for _ in range(epochs):
+        parts = [b if isinstance(b, (tuple, list)) else (b,) for b in loader]
+        out.append([torch.cat([p[i] for p in parts]).numpy() for i in range(len(parts[0]))])
+    return out
+
+
+def _same(got, want):
+    for epoch_got, epoch_want in zip(got, want, strict=True):
+        for a, b in zip(epoch_got, epoch_want, strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+def _entries(cache_dir):
+    return diskcache.entries(diskcache.decoded_dir(str(cache_dir)), details=True)
+
+
+def _rows(source, cache, cache_dir=None, **kw):
+    kw.setdefault("batch_size", 500)
+    return TsFileIterableDataset(
+        source, cache=cache, cache_dir=cache_dir, block_rows=1024, return_timestamps=True, **kw
+    )
+
+
+@pytest.mark.parametrize("order", ["sequential", "shuffle"])
+def test_rows_equal_streaming_every_backend(rows_dir, tmp_path, read_backend, order):
+    want = _epochs(_rows(rows_dir, "none", read_backend=read_backend, order=order))
+    got = _epochs(_rows(rows_dir, "disk", tmp_path, read_backend=read_backend, order=order))
+    _same(got, want)
+    (entry,) = _entries(tmp_path)
+    assert entry.filled_rows == entry.rows == 5000
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("order", ["sequential", "shuffle"])
+def test_rows_equal_streaming_with_two_workers(rows_dir, tmp_path, read_backend, order):
+    want = _epochs(_rows(rows_dir, "none", read_backend=read_backend, order=order), 2)
+    got = _epochs(_rows(rows_dir, "disk", tmp_path, read_backend=read_backend, order=order), 2)
+    _same(got, want)
+    (entry,) = _entries(tmp_path)  # both workers filled one entry
+    assert entry.filled_rows == entry.rows
+
+
+def test_rows_with_two_workers_fill_one_entry(rows_dir, tmp_path):
+    want = _epochs(_rows(rows_dir, "none", order="shuffle"), 2)
+    _same(_epochs(_rows(rows_dir, "disk", tmp_path, order="shuffle"), 2), want)
+    (entry,) = _entries(tmp_path)
+    assert entry.filled_rows == entry.rows
+
+
+def _windows(source, cache, cache_dir=None, **kw):
+    return TsFileWindowDataset(
+        source,
+        context_length=24,
+        horizon=6,
+        stride=3,
+        order="shuffle",
+        cache=cache,
+        cache_dir=cache_dir,
+        block_rows=128,
+        return_timestamps=True,
+        **kw,
+    )
+
+
+def test_windows_equal_streaming_every_backend(panel_dir, tmp_path, read_backend):
+    want = _epochs(_windows(panel_dir, "none", read_backend=read_backend), batch_size=64)
+    got = _epochs(_windows(panel_dir, "disk", tmp_path, read_backend=read_backend), batch_size=64)
+    _same(got, want)
+    (entry,) = _entries(tmp_path)  # every device in one entry
+    assert entry.rows == 900 + 400 + 650
+
+
+@pytest.mark.slow
+def test_windows_equal_streaming_with_two_workers(panel_dir, tmp_path, read_backend):
+    want = _epochs(_windows(panel_dir, "none", read_backend=read_backend), 2, batch_size=64)
+    got = _epochs(
+        _windows(panel_dir, "disk", tmp_path, read_backend=read_backend), 2, batch_size=64
+    )
+    _same(got, want)
+
+
+def test_aligned_and_normalized_windows_equal_streaming(panel_dir, tmp_path):
+    kw = dict(normalize="minmax", start_time=50)
+    want = _epochs(_windows(panel_dir, "none", **kw), batch_size=32)
+    _same(_epochs(_windows(panel_dir, "disk", tmp_path, **kw), batch_size=32), want)
+    # another normalization shapes other values: another entry, never the first one's rows
+    _same(
+        _epochs(_windows(panel_dir, "disk", tmp_path, start_time=50), batch_size=32),
+        _epochs(_windows(panel_dir, "none", start_time=50), batch_size=32),
+    )
+    assert len(_entries(tmp_path)) == 2
+
+
+def test_a_new_dataset_reads_the_filled_entry_without_opening_a_file(rows_dir, tmp_path):
+    _epochs(_rows(rows_dir, "disk", tmp_path), epochs=1)
+    later = _rows(rows_dir, "disk", tmp_path)
+    _same(_epochs(later, epochs=1), _epochs(_rows(rows_dir, "none"), epochs=1))
+    assert later.backends == {}  # no TsFile opened: every row came from the mapping
+
+
+_FILL = textwrap.dedent(
+    """
+    import sys
+    import numpy as np
+    from tsfile_torch import TsFileIterableDataset
+    source, cache_dir = sys.argv[1], sys.argv[2]
+    def read(cache):
+        ds = TsFileIterableDataset(source, batch_size=300, cache=cache, cache_dir=cache_dir,
+                                   order="shuffle", block_rows=512)
+        return np.concatenate([b.numpy() for b in ds])
+    sys.exit(0 if np.array_equal(read("disk"), read("none")) else 3)
+    """
+)
+
+
+@pytest.mark.slow
+def test_two_processes_fill_one_entry_at_once(rows_dir, tmp_path):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _FILL, str(rows_dir), str(tmp_path)], env=env)
+        for _ in range(2)
+    ]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    (entry,) = _entries(tmp_path)
+    assert entry.filled_rows == entry.rows
+    _same(
+        _epochs(_rows(rows_dir, "disk", tmp_path), epochs=1),
+        _epochs(_rows(rows_dir, "none"), epochs=1),
+    )
+
+
+def test_a_replaced_file_with_restored_mtime_is_not_served_stale(tmp_path):
+    spec = synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=2, num_rows=2000
+    )
+    data = tmp_path / "data"
+    (path,) = synthetic.write_table_files(data, spec, start_time=1)
+    old = os.stat(path)
+    _epochs(_rows(path, "disk", tmp_path / "c"), epochs=1)
+    synthetic.write_table_files(data, spec, row_offset=7)  # other values and times
+    if os.path.getsize(path) != old.st_size:
+        pytest.skip("this tsfile version writes the two files with different sizes")
+    os.utime(path, ns=(old.st_atime_ns, old.st_mtime_ns))  # cp -p / rsync -t style
+    got = _epochs(_rows(path, "disk", tmp_path / "c"), epochs=1)
+    want = _epochs(_rows(path, "none"), epochs=1)
+    _same(got, want)
+    assert want[0][1][0] == 7  # the new file's first timestamp
+    assert len(_entries(tmp_path / "c")) == 2
+
+
+@pytest.mark.parametrize("damage", ["truncate", "header"])
+def test_a_damaged_entry_is_created_again(rows_dir, tmp_path, damage):
+    _epochs(_rows(rows_dir, "disk", tmp_path), epochs=1)
+    (entry,) = _entries(tmp_path)
+    with open(entry.path, "r+b") as fh:
+        if damage == "truncate":
+            fh.truncate(entry.nbytes // 2)
+        else:
+            fh.write(b"garbage!")
+    _same(_epochs(_rows(rows_dir, "disk", tmp_path)), _epochs(_rows(rows_dir, "none")))
+    (again,) = _entries(tmp_path)
+    assert again.nbytes == entry.nbytes and again.filled_rows == again.rows
+
+
+def _decodes_with_one_warning(source, cache_dir, match, **kw):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _epochs(_rows(source, "disk", cache_dir, **kw), epochs=3)
+    _same(got, _epochs(_rows(source, "none", **kw), epochs=3))
+    mine = [w for w in caught if 'cache="disk"' in str(w.message)]
+    assert len(mine) == 1, [str(w.message) for w in caught]
+    assert match in str(mine[0].message)
+
+
+def test_a_full_disk_decodes_with_one_warning(rows_dir, tmp_path, monkeypatch):
+    def full(fd, offset, length):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    _decodes_with_one_warning(rows_dir, tmp_path, "No space left")
+    assert _entries(tmp_path) == []
+
+
+def _mount_tmpfs(mount, size: str) -> None:
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root / CAP_SYS_ADMIN)")
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """Mount a tmpfs of the given size (skipped where mounting is not allowed)."""
+    mounts = []
+
+    def mount(size: str):
+        path = tmp_path / f"tmpfs{len(mounts)}"
+        _mount_tmpfs(path, size)
+        mounts.append(path)
+        return path
+
+    yield mount
+    for path in mounts:
+        subprocess.run(["umount", "-l", str(path)], check=False)  # -l: a mapping may be open
+
+
+def test_a_tiny_tmpfs_decodes_with_one_warning(rows_dir, tmpfs):
+    _decodes_with_one_warning(rows_dir, tmpfs("64k"), "No space left")
+
+
+def test_two_workers_on_a_full_disk_warn_once(rows_dir, tmpfs):
+    cache_dir = tmpfs("64k")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        got = _epochs(_rows(rows_dir, "disk", cache_dir), num_workers=2)
+    _same(got, _epochs(_rows(rows_dir, "none"), num_workers=2))
+    assert len([w for w in caught if 'cache="disk"' in str(w.message)]) == 1
+
+
+def _read_only_dir(tmp_path, tmpfs):
+    """Return a cache_dir holding a filled entry, now read-only (chmod, or a tmpfs remounted)."""
+    directory = diskcache.decoded_dir(str(tmp_path))
+    os.makedirs(directory)
+    os.chmod(directory, 0o555)
+    if os.access(directory, os.W_OK):  # root: chmod binds nobody
+        os.chmod(directory, 0o755)
+        tmp_path = tmpfs("4m")
+        return tmp_path, lambda: subprocess.run(
+            ["mount", "-o", "remount,ro", str(tmp_path)], check=True
+        )
+    os.chmod(directory, 0o755)
+    return tmp_path, lambda: os.chmod(directory, 0o555)
+
+
+def test_a_read_only_cache_dir_decodes_with_one_warning(rows_dir, tmp_path, tmpfs):
+    cache_dir, freeze = _read_only_dir(tmp_path, tmpfs)
+    _epochs(_rows(rows_dir, "disk", cache_dir, columns=["*.s0"]), epochs=1)  # an entry exists
+    freeze()
+    try:
+        _decodes_with_one_warning(rows_dir, cache_dir, "cannot write")  # another entry
+        # the existing entry's rows are still served, from a read-only mapping
+        kept = _rows(rows_dir, "disk", cache_dir, columns=["*.s0"])
+        _same(_epochs(kept), _epochs(_rows(rows_dir, "none", columns=["*.s0"])))
+        assert kept.backends == {}
+    finally:
+        os.chmod(diskcache.decoded_dir(str(tmp_path)), 0o755)
+
+
+def test_a_read_only_partial_entry_serves_exact_windows(panel_dir, tmp_path, tmpfs):
+    cache_dir, freeze = _read_only_dir(tmp_path, tmpfs)
+    _windows(panel_dir, "disk", cache_dir)[0]  # keeps one device of three
+    (entry,) = _entries(cache_dir)
+    assert 0 < entry.filled_rows < entry.rows
+    freeze()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            got = _epochs(_windows(panel_dir, "disk", cache_dir), batch_size=64)
+        _same(got, _epochs(_windows(panel_dir, "none"), batch_size=64))
+    finally:
+        os.chmod(diskcache.decoded_dir(str(tmp_path)), 0o755)
+
+
+def test_an_entry_beyond_cache_limit_decodes_with_one_warning(rows_dir, tmp_path):
+    _decodes_with_one_warning(rows_dir, tmp_path, "cache_limit", cache_limit=4096)
+
+
+def test_least_recently_used_entries_make_room(rows_dir, tmp_path):
+    _epochs(_rows(rows_dir, "disk", tmp_path, columns=["*.s0"]), epochs=1)
+    (first,) = _entries(tmp_path)
+    limit = first.nbytes + first.nbytes // 2  # room for one such entry
+    _epochs(_rows(rows_dir, "disk", tmp_path, columns=["*.s1"], cache_limit=limit), epochs=1)
+    (second,) = _entries(tmp_path)
+    assert second.path != first.path
+
+
+def test_file_objects_decode_with_one_warning(rows_dir, tmp_path):
+    path = sorted(rows_dir.glob("*.tsfile"))[0]
+    with open(path, "rb") as fh:
+        _decodes_with_one_warning(fh, tmp_path, "file objects", validate=False)
+
+
+def test_cache_info_and_clear(rows_dir, tmp_path, capsys):
+    _epochs(_rows(rows_dir, "disk", tmp_path), epochs=1)
+    assert cli(["cache", "info", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "1 entries" in out and "5000 rows x 18 columns, 100% filled" in out
+    assert "part000.tsfile" in out
+    assert cli(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    assert "deleted 1 entries" in capsys.readouterr().out
+    assert _entries(tmp_path) == []
+    assert os.listdir(diskcache.decoded_dir(str(tmp_path))) == []
+
+
+def test_cache_dir_defaults_under_xdg_cache_home(monkeypatch, tmp_path):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert diskcache.decoded_dir() == str(tmp_path / "tsfile-torch" / "decoded")
+    assert diskcache.decoded_dir("/x") == os.path.join("/x", "decoded")
+
+
+def test_an_entry_of_a_long_key_is_found_again(tmp_path):
+    key = diskcache.fingerprint({"columns": [f"table.device{i}.field" for i in range(2000)]})
+    store = diskcache.open_store([3, 4], 2, np.float32, key, str(tmp_path), 2**30)
+    store.put(1, 1, np.ones((2, 2), np.float32), np.array([5, 6]))
+    again = diskcache.open_store([3, 4], 2, np.float32, key, str(tmp_path), 2**30)
+    assert again.has(1, 1, 3) and not again.has(1, 0, 3)
+    np.testing.assert_array_equal(again.get(1, 1, 3)[1], [5, 6])
