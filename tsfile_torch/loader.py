@@ -155,7 +155,8 @@ class _Guarded:
                     f"with DataLoader workers; two loaders over one dataset object would share "
                     f"its epoch: finish or delete the first iteration, or build a second dataset"
                 )
-        scope = LoaderScope(ds._slots)  # before the DataLoader touches process settings
+        # before the DataLoader touches process settings
+        scope = LoaderScope(ds._slots, self.num_workers > 0)
         try:
             inner = super().__iter__()
         except BaseException:

@@ -140,10 +140,11 @@ class LoaderScope:
     time (its module flag ``_SIGCHLD_handler_set``, torch 2.1 to 2.13).
     """
 
-    def __init__(self, slots: ReadSlots | None):
+    def __init__(self, slots: ReadSlots | None, has_workers: bool = True):
         global _SCOPES, _PREVIOUS_SIGCHLD, _ORIGINAL_SIGCHLD
         self.slots = slots
-        self.open = _on["worker_reports"] and threading.current_thread() is threading.main_thread()
+        in_main = threading.current_thread() is threading.main_thread()
+        self.open = has_workers and _on["worker_reports"] and in_main
         if not self.open:
             return
         if _SCOPES == 0:

@@ -99,13 +99,19 @@ class _Rows(DatasetCore):
     def spec(self) -> OrderSpec:
         """The order in force (``set_random_batches`` may have switched it)."""
         count = self._random.value
+        cached = self.__dict__.get("_spec_for")
+        if cached is not None and cached[0] == count:
+            return cached[1]
         base = self.order_spec
         if count < 0:
-            return base
-        if count == 0:
+            spec = base
+        elif count == 0:
             name = "sequential" if base.order == "random" else base.order
-            return dataclasses.replace(base, order=name, num_samples=None)
-        return dataclasses.replace(base, order="random", num_samples=count)
+            spec = dataclasses.replace(base, order=name, num_samples=None)
+        else:
+            spec = dataclasses.replace(base, order="random", num_samples=count)
+        self._spec_for = (count, spec)  # the shared count moves rarely: derive once per value
+        return spec
 
     @property
     def random_batches(self) -> int | None:
