@@ -20,6 +20,7 @@ import tempfile
 from multiprocessing import sharedctypes
 
 from tsfile_torch.errors import WorkerError
+from tsfile_torch.pids import alive
 
 __all__ = ["ReadSlots", "crash_report_path", "crash_reports", "explain_worker_failure"]
 
@@ -163,17 +164,7 @@ def remove_stale_reports() -> None:
                 continue
             try:
                 pid = int(entry.name[len(prefix) : -4])
-                if entry.stat().st_size == 0 and not _alive(pid):
+                if entry.stat().st_size == 0 and not alive(pid):
                     os.unlink(entry.path)
             except (ValueError, OSError):
                 continue
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

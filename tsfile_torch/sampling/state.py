@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tsfile_torch.pids import alive
+
 __all__ = [
     "MAX_EPOCH",
     "Cursor",
@@ -79,21 +81,6 @@ def pass_tag(base_seed: int, passes: int) -> int:
     """
     mixed = int(np.random.SeedSequence(base_seed % (1 << 64)).generate_state(1)[0])
     return 1 + (mixed + passes) % ((1 << _TAG_BITS) - 1)
-
-
-def _alive(pid: int) -> bool:
-    """Return whether process ``pid`` (masked as in the epoch word) runs now; 0 never does."""
-    if pid == 0:
-        return False
-    if os.name != "posix":  # os.kill(pid, 0) would terminate it on Windows: trust the tag alone
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class SharedInt:
@@ -151,7 +138,7 @@ class EpochCounter:
         ``tag`` 0 is a pass of the main process (always its own leader).
         """
         word = _unpack(self._word.value)
-        if not leader and tag == word.tag and _alive(word.pid):
+        if not leader and tag == word.tag and alive(word.pid):
             return word.epoch  # this pass's worker 0 has claimed it already
         epoch = word.epoch if word.explicit else word.epoch + 1
         if leader:

@@ -58,6 +58,7 @@ from urllib.parse import unquote, urlparse
 from tsfile_torch.errors import RemoteError
 from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
 from tsfile_torch.options import user_cache_dir
+from tsfile_torch.pids import alive
 from tsfile_torch.sources.base import FileObject, Source, register
 
 __all__ = [
@@ -412,16 +413,6 @@ def _copies(directory: str) -> list[tuple[float, int, str]]:
     return out
 
 
-def _alive(pid: str) -> bool:
-    try:
-        os.kill(int(pid), 0)
-    except (ValueError, ProcessLookupError):
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _make_room(remote: RemoteFile) -> None:
     """Delete least recently used copies until ``remote`` fits in the cache limit."""
     directory, limit = remote.options.directory, remote.options.cache_limit
@@ -430,7 +421,8 @@ def _make_room(remote: RemoteFile) -> None:
     if used + remote.nbytes <= limit:
         return
     for _, size, path in sorted(copies):
-        if ".part." in os.path.basename(path) and _alive(path.rsplit(".part.", 1)[1]):
+        writer = path.rsplit(".part.", 1)[1] if ".part." in os.path.basename(path) else ""
+        if writer.isdigit() and alive(int(writer)):
             continue  # another process is downloading it (a dead one's part is deleted)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(path)
