@@ -146,15 +146,17 @@ class _Rows(DatasetCore):
     def _batch_key(self, items: np.ndarray, batch_size: int | None) -> ItemBatch:
         return ItemBatch(items)
 
-    def _row_span(self, items: np.ndarray) -> tuple[int, int]:
+    def _row_span(self, items: np.ndarray, order: str) -> tuple[int, int]:
         """Return the rows ``[start, stop)`` one item of a batch order covers."""
-        start = int(items[0]) if self.spec.order == "random" else int(items[0]) * self.batch_size
+        start = int(items[0]) if order == "random" else int(items[0]) * self.batch_size
         return start, min(start + self.batch_size, self.num_rows)
 
-    def _read_items(self, items: np.ndarray):
-        """Return the batch of ``items`` as handed out: a tensor, with timestamps if asked."""
-        if self.spec.order != "shuffle":
-            return self._read_span(*self._row_span(items))
+    def _read_items(self, items: np.ndarray, order: str | None = None):
+        """Return the batch of ``items`` (of ``order``, default the one in force) as handed out."""
+        order = order or self.spec.order
+        if order != "shuffle":
+            start, stop = self._row_span(items, order)
+            return self._as_batch(*self._rows(0, start, stop, order == "random"))
         rows = np.sort(items)
         store = self._memory()
         if store is not None and store.has_rows(rows):
@@ -164,10 +166,6 @@ class _Rows(DatasetCore):
         if store is not None:
             store.put_rows(rows, values, times)
         return self._as_batch(values, times)
-
-    def _read_span(self, start: int, stop: int):
-        """Return rows ``[start, stop)`` as a batch."""
-        return self._as_batch(*self._rows(0, start, stop, self.spec.order == "random"))
 
     def _as_batch(self, values: np.ndarray, times: np.ndarray):
         tensor = torch.from_numpy(values)
@@ -240,12 +238,13 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
 
     def _generate(self, cursor, num_workers: int) -> Iterator:
         reader = self._start_epoch(cursor.epoch)
-        if num_workers > 1 and self.spec.order in ("sequential", "batches") and len(cursor):
+        order = self.spec.order  # the pass's (set_random_batches acts on later passes)
+        if num_workers > 1 and order in ("sequential", "batches") and len(cursor):
             # decode only this worker's rows: blocks are clipped to its stretch
-            spans = [self._row_span(b) for b in cursor.batches]
+            spans = [self._row_span(b, order) for b in cursor.batches]
             reader.set_range(min(s for s, _ in spans), max(e for _, e in spans))
         for items in cursor:
-            yield self._read_items(items)
+            yield self._read_items(items, order)
 
     def items_for(self, epoch: int, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
         """Return the batches (item arrays) one worker of this rank yields in ``epoch``."""
@@ -289,7 +288,7 @@ class TsFileDataset(_Rows, tud.Dataset):
             starts, _ = self._layout()
             return self._read_items(orders.epoch_items(self.spec, starts, epoch)[index : index + 1])
         start = index * self.batch_size
-        return self._read_span(start, min(start + self.batch_size, self.num_rows))
+        return self._as_batch(*self._rows(0, start, min(start + self.batch_size, self.num_rows)))
 
 
 _FETCHERS = ("_IterableDatasetFetcher", "_MapDatasetFetcher")
