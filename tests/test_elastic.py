@@ -232,3 +232,37 @@ def test_torch_save_of_a_state_round_trips(rows_dir, tmp_path):
     other = _loader("map", rows_dir, "batches", 0, 1, 0)
     other.load_state_dict(torch.load(tmp_path / "state.pt", weights_only=False))
     assert len(list(other)) == len(loader) - 1
+
+
+def test_a_mixture_resumes_the_rest_of_its_epoch_on_another_number_of_workers(panel_dir):
+    import tsfile_torch as tt
+
+    def build(workers):
+        parts = [
+            TsFileWindowDataset(
+                panel_dir,
+                20,
+                5,
+                stride=3,
+                devices=devices,
+                return_timestamps=True,
+                validate=False,
+            )  # fmt: skip
+            for devices in (["meters.s0", "meters.s1"], ["meters.s2", "meters.s3"])
+        ]
+        mix = tt.MixedWindows(parts, weights=[1, 3], num_samples=400, seed=3)
+        return make_loader(mix, batch_size=16, num_workers=workers, stateful=True)
+
+    whole = build(2)
+    list(whole)
+    epoch1 = collections.Counter(i for b in whole for i in _items("window", b))
+    loader = build(2)
+    list(loader)
+    it = iter(loader)
+    got = collections.Counter(i for _ in range(5) for i in _items("window", next(it)))
+    state = loader.state_dict()
+    del it, loader
+    resumed = build(0)
+    resumed.load_state_dict(state)
+    got.update(i for b in resumed for i in _items("window", b))
+    assert got == epoch1 and sum(got.values()) == 400  # the draws of epoch 1, each once
