@@ -91,7 +91,7 @@ def test_unknown_column_is_a_schema_error(small_dir):
             r"random_batches should be an integer in \[1, 268435456\], but got random_batches=0",
         ),
         ({"random_batches": 4, "shuffle": True}, ValueError, r"cannot be combined"),
-        ({"cache": "disk"}, ValueError, r"cache must be one of 'none', 'memory'; got 'disk'"),
+        ({"cache": "ssd"}, ValueError, r"cache must be one of 'none', 'memory', 'disk'; got 'ssd'"),
         ({"columns": []}, ValueError, r"columns must be None or a non-empty list"),
         ({"columns": [3]}, TypeError, r"columns must be names or glob patterns \(str\); got 3"),
         ({"order": "sorted"}, ValueError, r"order must be one of 'sequential', 'batches'"),
