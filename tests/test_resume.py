@@ -23,8 +23,8 @@ class _LoggedIterable(TsFileIterableDataset):
 
     log = ""
 
-    def _read_items(self, items):
-        values, times = super()._read_items(items)
+    def _read_items(self, items, *order):
+        values, times = super()._read_items(items, *order)
         with open(self.log, "a") as fh:
             fh.write(f"{int(times[0])}\n")
         return values, times
@@ -33,8 +33,8 @@ class _LoggedIterable(TsFileIterableDataset):
 class _LoggedMap(TsFileDataset):
     log = ""
 
-    def _read_items(self, items):
-        values, times = super()._read_items(items)
+    def _read_items(self, items, *order):
+        values, times = super()._read_items(items, *order)
         with open(self.log, "a") as fh:
             fh.write(f"{int(times[0])}\n")
         return values, times
