@@ -144,13 +144,25 @@ def _cache_path(directory: str, key: str, group: ReadGroup, stride: int) -> str:
 
 
 def _load(path: str, expected: int) -> np.ndarray | None:
+    """Return the ``expected`` int64 marks of a saved index (an ``.npy`` file), or None.
+
+    The header is checked as text, not parsed with ``np.load`` (whose ``ast.literal_eval`` can
+    fail with "AST constructor recursion depth mismatch" in a process forked while another
+    thread was parsing: CPython 3.11 keeps that depth per interpreter, not per thread).
+    """
     try:
-        marks = np.load(path, allow_pickle=False)
-    except (OSError, ValueError):
+        with open(path, "rb") as fh:
+            data = fh.read()
+    except OSError:
         return None
-    if marks.dtype != np.int64 or marks.shape != (expected,):
+    if data[:8] != b"\x93NUMPY\x01\x00" or len(data) < 10:
         return None
-    return marks
+    size = int.from_bytes(data[8:10], "little")
+    header = data[10 : 10 + size].decode("latin-1")
+    want = ("'descr': '<i8'", "'fortran_order': False", f"'shape': ({expected},)")
+    if not all(part in header for part in want) or len(data) != 10 + size + 8 * expected:
+        return None
+    return np.frombuffer(data, dtype="<i8", offset=10 + size).astype(np.int64)
 
 
 def _agrees(marks: np.ndarray, group: ReadGroup, stride: int, fetch) -> bool:
