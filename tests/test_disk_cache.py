@@ -7,7 +7,9 @@ one line; each test gets its own ``cache_dir`` (``tmp_path``).
 
 from __future__ import annotations
 
+import functools
 import os
+import pickle
 import subprocess
 import sys
 import textwrap
@@ -19,6 +21,7 @@ import torch
 
 from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, make_loader, synthetic
 from tsfile_torch.cli import main as cli
+from tsfile_torch.data.core import KeptBatch
 from tsfile_torch.read import diskcache
 
 
@@ -86,6 +89,39 @@ def test_rows_with_two_workers_fill_one_entry(rows_dir, tmp_path):
     _same(_epochs(_rows(rows_dir, "disk", tmp_path, order="shuffle"), 2), want)
     (entry,) = _entries(tmp_path)
     assert entry.filled_rows == entry.rows
+
+
+def _raw_epoch(loader):
+    """Return what the loader's workers sent in one pass (before make_loader's iterator)."""
+    passing = iter(loader)
+    return list(passing._inner)
+
+
+@pytest.mark.parametrize("kind", ["sequential", "shuffle", "windows"])
+def test_workers_hand_kept_batches_over_by_reference(rows_dir, panel_dir, tmp_path, kind):
+    """Note: hand-over. Epoch 1 fills the entry; in epoch 2 the workers send KeptBatch
+    requests (no values), and make_loader's iterator serves exactly the streaming batches."""
+    if kind == "windows":
+        make = functools.partial(_windows, panel_dir)
+        options = {"batch_size": 64}
+    else:
+        make = functools.partial(_rows, rows_dir, order=kind)
+        options = {}
+    want = _epochs(make("none"), 2, **options)
+    ds = make("disk", tmp_path)
+    loader = make_loader(ds, num_workers=2, **options)
+    first = _raw_epoch(loader)
+    if kind != "windows":  # windows fill a whole device before gathering: kept at once
+        assert not any(isinstance(b, KeptBatch) for b in first)  # nothing was kept yet
+    sent = _raw_epoch(loader)
+    assert sent and all(isinstance(b, KeptBatch) for b in sent)
+    assert sum(len(pickle.dumps(b)) for b in sent) < 64 * 1024  # requests, not values
+    ds.set_epoch(1)
+    _same(_epochs(ds, 2, epochs=1, **options), want[1:])
+    # a plain DataLoader (not make_loader's) is always sent values
+    if kind != "windows":
+        plain = torch.utils.data.DataLoader(make("disk", tmp_path), batch_size=None, num_workers=2)
+        assert all(isinstance(b, (tuple, list)) for b in plain)
 
 
 def _windows(source, cache, cache_dir=None, **kw):

@@ -14,6 +14,9 @@
 - With ``check_statistics`` on, an epoch that hands out every row once (a full pass of a row
   dataset on one rank, no random windows, no alignment or normalization) is checked at its end:
   each column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`).
+- With ``cache="disk"``, workers hand batches already kept in the cache over by reference and
+  the iterator serves them from the main process's mapping (Note: hand-over in
+  :mod:`tsfile_torch.data.core`).
 - ``stateful=True`` returns torchdata's ``StatefulDataLoader`` (the ``resume`` extra): its
   ``state_dict()`` holds the datasets' or the sampler's pass states (see Note: resume in
   :mod:`tsfile_torch.data.core`).
@@ -32,8 +35,9 @@ import weakref
 
 import torch
 import torch.utils.data as tud
+from torch.utils.data._utils.pin_memory import pin_memory
 
-from tsfile_torch.data.core import DatasetCore, EpochSampler
+from tsfile_torch.data.core import DatasetCore, EpochSampler, KeptBatch
 from tsfile_torch.data.mixture import MixedWindows
 from tsfile_torch.data.rows import TsFileDataset, TsFileIterableDataset
 from tsfile_torch.data.windows import TsFileWindowDataset, collate_windows
@@ -117,6 +121,10 @@ class _Pass:
         except BaseException:
             self._end()
             raise
+        if isinstance(batch, KeptBatch):  # Note: hand-over
+            batch = self._loader.dataset.serve_kept(batch)
+            if self._loader.pin_memory:
+                batch = pin_memory(batch, self._loader.pin_memory_device or None)
         if self._sums is not None:
             values = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
             if not isinstance(values, torch.Tensor) or values.ndim != 2:
@@ -238,12 +246,14 @@ def make_loader(
             )
         kwargs["batch_sampler"] = EpochSampler(dataset, batch_size, num_workers)
         kwargs.setdefault("collate_fn", collate_windows)
+        hand_over = kwargs["collate_fn"] is collate_windows
         batch_size = 1  # DataLoader's default; the batch sampler decides
     else:
         if batch_size is not None:
             raise ValueError(
                 "the dataset yields whole batches; set batch_size on the dataset, not on the loader"
             )
+        hand_over = kwargs.get("collate_fn") is None
         if isinstance(dataset, TsFileDataset) and kwargs.get("sampler") is None:
             if kwargs.get("batch_sampler") is None:
                 kwargs["sampler"] = EpochSampler(dataset, None, num_workers)
@@ -265,6 +275,7 @@ def make_loader(
             os.getpid(),
             threading.current_thread() is threading.main_thread(),
             kwargs.get("worker_init_fn"),
+            hand_over,
         )
     loader_class = _stateful_loader_class() if stateful else TsFileDataLoader
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
@@ -278,8 +289,11 @@ def make_loader(
         )
 
 
-def _init_worker(parent_pid: int, from_main_thread: bool, user_init, worker_id: int) -> None:
+def _init_worker(
+    parent_pid: int, from_main_thread: bool, user_init, hand_over: bool, worker_id: int
+) -> None:
     start_worker(parent_pid, from_main_thread)
+    tud.get_worker_info().dataset._hand_over = hand_over  # Note: hand-over
     if user_init is not None:
         user_init(worker_id)
 

@@ -20,6 +20,19 @@ Note: resume. Order is a pure function (see :mod:`tsfile_torch.sampling.orders`)
 and resuming slices the epoch's batches: the skipped ones are never read. An iterable dataset's
 state is its latest pass in the calling process (each DataLoader worker has its own;
 ``StatefulDataLoader`` collects them); a map-style dataset's is its sampler's (the loader's).
+
+Note: hand-over. With ``cache="disk"`` every process maps the same decoded file, so a batch a
+DataLoader worker finds kept there need not travel as values: the worker returns a
+:class:`KeptBatch` (the request it was given: a few numbers, or the rows of a shuffled batch)
+and the main process serves the request from its own mapping of the same entry (one copy out
+of the page cache, as with ``num_workers=0``). A worker's batch otherwise crosses processes as
+a shared-memory segment the main process maps and faults in; through two workers that costs
+more than the copy it replaces (measured on the reference workload: 2.9x streaming with values
+sent, see ``benchmarks/RESULTS.md`` for the hand-over's figure). Workers still decode (and
+fill the entry) in parallel; a batch not yet kept, a memory cache, or a loader whose
+``collate_fn`` is not ours sends values as before. Only :func:`tsfile_torch.make_loader`'s
+workers hand over (its ``worker_init_fn`` sets ``_hand_over`` on the worker's copy), and its
+iterator turns every :class:`KeptBatch` back into the batch before the user sees it.
 """
 
 from __future__ import annotations
@@ -56,7 +69,7 @@ from tsfile_torch.sampling.orders import OrderSpec
 from tsfile_torch.sources import expand_sources
 from tsfile_torch.sources.remote import RemoteOptions
 
-__all__ = ["DatasetCore", "EpochSampler", "Table", "resolve_rank"]
+__all__ = ["DatasetCore", "EpochSampler", "KeptBatch", "Table", "resolve_rank"]
 
 _NUMPY_DTYPE = {"float64": np.float64}  # every other torch dtype is read as float32 first
 #: Largest integer magnitude below which every integer is exact in each float dtype.
@@ -100,6 +113,24 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
             f"(from {source})"
         )
     return rank, world_size
+
+
+class KeptBatch:
+    """A batch a DataLoader worker found in the decoded disk cache (Note: hand-over).
+
+    ``request``: what the dataset needs to serve it again from its own mapping.
+    """
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: tuple):
+        self.request = request
+
+    def pin_memory(self, device=None) -> KeptBatch:
+        return self  # pinned once served, by the loader's iterator
+
+    def __repr__(self) -> str:
+        return f"KeptBatch({self.request!r})"
 
 
 @dataclass
@@ -306,6 +337,19 @@ class DatasetCore:
         return values.astype(_NUMPY_DTYPE.get(self.options.dtype, np.float32), copy=False)
 
     def _table_names(self, table: int) -> list[str]:
+        raise NotImplementedError
+
+    #: set on a worker's copy by make_loader (Note: hand-over)
+    _hand_over = False
+
+    def _handing_over(self) -> MemoryStore | None:
+        """This worker's disk store when kept batches are handed over (Note: hand-over)."""
+        if not self._hand_over or self.options.cache != "disk":
+            return None
+        return self._memory()
+
+    def serve_kept(self, kept: KeptBatch):
+        """Return the batch ``kept`` stands for, read here (Note: hand-over)."""
         raise NotImplementedError
 
     def _memory(self) -> MemoryStore | None:

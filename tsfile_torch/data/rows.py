@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 
 from tsfile_torch.catalog.build import lay_out
-from tsfile_torch.data.core import DatasetCore, warn_if_batch_exceeds_cache
+from tsfile_torch.data.core import DatasetCore, KeptBatch, warn_if_batch_exceeds_cache
 from tsfile_torch.options import ReadOptions, check_int
 from tsfile_torch.sampling import orders, state
 from tsfile_torch.sampling.orders import OrderSpec
@@ -154,10 +154,15 @@ class _Rows(DatasetCore):
     def _read_items(self, items: np.ndarray, order: str | None = None):
         """Return the batch of ``items`` (of ``order``, default the one in force) as handed out."""
         order = order or self.spec.order
+        kept = self._handing_over()
         if order != "shuffle":
             start, stop = self._row_span(items, order)
+            if kept is not None and kept.has(0, start, stop):
+                return KeptBatch((items, order))
             return self._as_batch(*self._rows(0, start, stop, order == "random"))
         rows = np.sort(items)
+        if kept is not None and kept.has_rows(rows):
+            return KeptBatch((items, order))
         store = self._memory()
         if store is not None and store.has_rows(rows):
             return self._as_batch(store.values[rows], store.times[rows])
@@ -166,6 +171,9 @@ class _Rows(DatasetCore):
         if store is not None:
             store.put_rows(rows, values, times)
         return self._as_batch(values, times)
+
+    def serve_kept(self, kept: KeptBatch):
+        return self._read_items(*kept.request)
 
     def _as_batch(self, values: np.ndarray, times: np.ndarray):
         tensor = torch.from_numpy(values)

@@ -24,10 +24,13 @@ class Block:
     values: np.ndarray
     #: its timestamps were found equal to the timestamp column's for all its rows
     verified: bool = False
+    #: calendar features of ``times`` (windows' ``time_features``), computed once per block
+    features: np.ndarray | None = None
 
     @property
     def nbytes(self) -> int:
-        return self.times.nbytes + self.values.nbytes
+        extra = 0 if self.features is None else self.features.nbytes
+        return self.times.nbytes + self.values.nbytes + extra
 
 
 class BlockCache:
