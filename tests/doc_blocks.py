@@ -59,8 +59,9 @@ def blocks(page: Path) -> list[Block]:
     """Return the fenced ```python and ```bash blocks of ``page``, with their marks.
 
     Raises:
-        ValueError: a mark not in ``MARKS``, a mark without a reason, or a block in a language
-            this runner does not know (say ```sh): each would silently go untested.
+        ValueError: a mark not in ``MARKS``, a mark without a reason, a block in a language this
+            runner does not know (say ```sh), or a fence it cannot pair (indented, unclosed):
+            each would silently go untested.
     """
     text = page.read_text(encoding="utf-8")
     found = []
@@ -82,6 +83,9 @@ def blocks(page: Path) -> list[Block]:
                     f"'<!-- MARK: REASON -->' with MARK one of {', '.join(MARKS)}; got {before!r}"
                 )
         found.append(Block(page, line, lang, code, mark, reason))
+    fences = sum(line.lstrip().startswith("```") for line in text.splitlines())
+    if fences != 2 * len(found):  # an indented or unclosed fence would go untested
+        raise ValueError(f"{page.name}: {fences} fence lines for {len(found)} blocks read")
     return found
 
 

@@ -54,6 +54,26 @@ def test_a_block_left_out_says_why(block):
     pytest.skip(f"{block.where} not run by the tests: {block.reason}")
 
 
+def test_a_block_that_fails_fails_the_page_unless_marked_and_unknown_fences_are_refused(
+    in_tmp_path,
+):
+    page = in_tmp_path / "page.md"
+    page.write_text("```bash\necho ran > ran.txt\nexit 3\n```\n")
+    with pytest.raises(AssertionError, match=r"bash block at page.md:1 failed \(exit 3\)"):
+        run_page(page, in_tmp_path)
+    assert (in_tmp_path / "ran.txt").read_text() == "ran\n"  # in the page's directory
+    page.write_text("<!-- not-tested: exits 3 -->\n```bash\nexit 3\n```\n")
+    run_page(page, in_tmp_path)  # left out: no error
+    for text, refused in [
+        ("<!-- not-tested -->\n```bash\nexit 3\n```\n", "MARK: REASON"),
+        ("```sh\nexit 3\n```\n", "never run"),
+        ("- a list item\n  ```bash\n  exit 3\n  ```\n", "2 fence lines for 0 blocks"),
+    ]:
+        page.write_text(text)
+        with pytest.raises(ValueError, match=refused):
+            blocks(page)
+
+
 def test_the_object_storage_page_runs_against_a_local_s3(
     s3_server, small_dir, in_tmp_path, monkeypatch, capsys
 ):
