@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import runpy
 from pathlib import Path
 
@@ -94,6 +95,7 @@ def test_forecasting_notebook_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     monkeypatch.setenv("TSFILE_TORCH_PANEL", str(tmp_path / "panel"))
+    monkeypatch.setenv("TSFILE_TORCH_PUBLIC", str(tmp_path / "public.tsfile"))
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     monkeypatch.setenv("PYTHONPATH", path)  # the kernel imports this checkout's tsfile_torch
     notebook = nbformat.read(EXAMPLES / "forecasting.ipynb", as_version=4)
@@ -109,7 +111,14 @@ def test_forecasting_notebook_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert "epoch 2:" in text and "(metadata)" in text and "forecast error" in text
     assert "tsfile_torch" not in text or "Error" not in text
-    assert len(images) == 2  # the loss curve and the forecast
+    assert len(images) == 3  # the loss curve, the forecast, the public series' forecasts
+    # the public-data section: statsmodels' series written, trained on, forecast per series
+    assert "wrote 3325 rows of 3 devices" in text and (tmp_path / "public.tsfile").is_file()
+    losses = [float(v) for v in re.findall(r"public epoch \d+: train loss (\S+)", text)]
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0]
+    errors = dict(re.findall(r"(\w+): public forecast error (\S+)", text))
+    assert errors.keys() == {"co2", "elnino", "sunspots"}
+    assert float(errors["co2"]) < 5 and float(errors["elnino"]) < 2  # ppm, degrees: in units
 
 
 def test_lightning_example_trains_two_epochs_and_validates(tmp_path, capsys):
