@@ -42,19 +42,14 @@ def public_series() -> pd.DataFrame:
     from statsmodels import datasets
 
     co2 = datasets.co2.load_pandas().data["co2"]  # weekly, NaN where a week is missing
-    elnino = datasets.elnino.load_pandas().data.set_index("YEAR").stack()  # (year, month)
-    sunspots = datasets.sunspots.load_pandas().data
-    frames = {
-        "co2": (co2.index, co2.to_numpy()),
-        "elnino": (
-            pd.to_datetime([f"{int(y)}-{m}-01" for y, m in elnino.index], format="%Y-%b-%d"),
-            elnino.to_numpy(),
-        ),
-        "sunspots": (pd.to_datetime(sunspots.YEAR.astype(int).astype(str)), sunspots.SUNACTIVITY),
-    }
+    nino = datasets.elnino.load_pandas().data.melt(id_vars="YEAR", var_name="month")
+    nino.index = pd.to_datetime(nino.YEAR.astype(int).astype(str) + nino.month, format="%Y%b")
+    spots = datasets.sunspots.load_pandas().data
+    spots.index = pd.to_datetime(spots.YEAR.astype(int).astype(str), format="%Y")
+    series = {"co2": co2, "elnino": nino["value"], "sunspots": spots["SUNACTIVITY"]}
     return pd.concat(
-        pd.DataFrame({"time": t, "series": name, "value": np.asarray(v, dtype=np.float64)})
-        for name, (t, v) in frames.items()
+        pd.DataFrame({"time": s.index, "series": name, "value": s.to_numpy()})
+        for name, s in series.items()
     )
 
 
@@ -89,7 +84,7 @@ class Forecaster(torch.nn.Module):
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "public-forecast"))
-    parser.add_argument("--epochs", type=int, default=15)
+    parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--lr", type=float, default=3e-3)
     args = parser.parse_args(argv)
