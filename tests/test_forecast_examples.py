@@ -1,13 +1,18 @@
-"""The forecasting example, its notebook (in a real Jupyter kernel) and the Lightning example."""
+"""The forecasting examples, their notebook (in a real Jupyter kernel) and the Lightning example."""
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import runpy
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
+
+from tsfile_torch import make_loader
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -26,11 +31,71 @@ def test_forecast_example_trains_validates_and_plots(tmp_path, capsys):
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _statsmodels_series() -> dict[str, pd.Series]:
+    """The three public series by date, read from statsmodels here, independently of the example."""
+    from statsmodels import datasets  # in the test extra: a missing install fails, not skips
+
+    co2 = datasets.co2.load_pandas().data["co2"]
+    nino = datasets.elnino.load_pandas().data.melt(id_vars="YEAR", var_name="m")
+    nino.index = pd.to_datetime(nino.YEAR.astype(int).astype(str) + nino.m, format="%Y%b")
+    spots = datasets.sunspots.load_pandas().data
+    spots.index = pd.to_datetime(spots.YEAR.astype(int).astype(str), format="%Y")
+    return {"co2": co2, "elnino": nino["value"], "sunspots": spots["SUNACTIVITY"]}
+
+
+def _values_at(series: pd.Series, stamps_ms: np.ndarray) -> np.ndarray:
+    """Values of ``series`` at int64 ms timestamps (NaN where it has none or a null)."""
+    return (
+        series.reindex(pd.to_datetime(stamps_ms.ravel(), unit="ms"))
+        .to_numpy()
+        .reshape(stamps_ms.shape)
+    )
+
+
+def test_public_forecast_example_learns_statsmodels_series_from_one_tsfile(tmp_path, capsys):
+    module = runpy.run_path(str(EXAMPLES / "public_forecast.py"))
+    result = module["main"](["--out", str(tmp_path), "--epochs", "4"])
+    assert "wrote 3325 rows of 3 devices" in capsys.readouterr().out
+    assert Path(result["path"]).is_file()
+    for name in ("co2", "elnino", "sunspots"):
+        assert (tmp_path / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    history = result["history"]
+    assert len(history) == 4 and history[-1] < 0.7 * history[0]
+
+    public, split_ms = _statsmodels_series(), pd.Timestamp("1990-01-01").value // 10**6
+    train, valid = result["train"], result["valid"]
+    assert train.devices == valid.devices == ["public.co2", "public.elnino", "public.sunspots"]
+    for series, (times, truth, forecast) in result["forecasts"].items():
+        data = public[series.split(".")[-1]]
+        # scaled back to the data's units: the truth is statsmodels' own numbers after 1990
+        expected = data.reindex(times).to_numpy()
+        np.testing.assert_allclose(truth, expected, rtol=1e-6)  # float32 items
+        assert times.min() >= pd.Timestamp("1990-01-01") and np.isfinite(truth).sum() >= 8
+        error = np.nanmean(np.abs(forecast - truth))
+        assert error < data.std(), (series, error)  # on the series' scale, not another
+
+    # masks: 0 exactly where statsmodels has no co2 value (a missing week or left padding)
+    items = next(iter(make_loader(train, batch_size=len(train))))
+    co2 = items["device_id"] == train.devices.index("public.co2")
+    assert int(items["future_time"].max()) < split_ms  # train windows end before 1990
+    for side in ("past", "future"):
+        stamps = items[f"{side}_time"][co2].numpy()
+        observed = ~np.isnan(_values_at(public["co2"], stamps))
+        mask = items[f"{side}_observed_mask"][co2][..., 0].numpy()
+        np.testing.assert_array_equal(mask, observed.astype(np.float32))
+    assert (items["past_observed_mask"][co2] == 0).any()  # missing weeks are in some windows
+    # sunspots start in 1700: negative timestamps, read as written
+    spots = items["device_id"] == train.devices.index("public.sunspots")
+    stamps = items["past_time"][spots][items["past_observed_mask"][spots][..., 0] == 1]
+    assert int(stamps.min()) == pd.Timestamp("1700-01-01").value // 10**6 < 0
+
+
 def test_forecasting_notebook_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
     pytest.importorskip("ipykernel")
     monkeypatch.setenv("TSFILE_TORCH_PANEL", str(tmp_path / "panel"))
+    monkeypatch.setenv("TSFILE_TORCH_PUBLIC", str(tmp_path / "public.tsfile"))
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)
     monkeypatch.setenv("PYTHONPATH", path)  # the kernel imports this checkout's tsfile_torch
     notebook = nbformat.read(EXAMPLES / "forecasting.ipynb", as_version=4)
@@ -46,7 +111,14 @@ def test_forecasting_notebook_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     images = [o for o in outputs if "image/png" in o.get("data", {})]
     assert "epoch 2:" in text and "(metadata)" in text and "forecast error" in text
     assert "tsfile_torch" not in text or "Error" not in text
-    assert len(images) == 2  # the loss curve and the forecast
+    assert len(images) == 3  # the loss curve, the forecast, the public series' forecasts
+    # the public-data section: statsmodels' series written, trained on, forecast per series
+    assert "wrote 3325 rows of 3 devices" in text and (tmp_path / "public.tsfile").is_file()
+    losses = [float(v) for v in re.findall(r"public epoch \d+: train loss (\S+)", text)]
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0]
+    errors = dict(re.findall(r"(\w+): public forecast error (\S+)", text))
+    assert errors.keys() == {"co2", "elnino", "sunspots"}
+    assert float(errors["co2"]) < 5 and float(errors["elnino"]) < 2  # ppm, degrees: in units
 
 
 def test_lightning_example_trains_two_epochs_and_validates(tmp_path, capsys):

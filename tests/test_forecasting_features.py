@@ -15,6 +15,7 @@ import torch
 
 from tsfile_torch import TsFileWindowDataset, collate_windows, make_loader
 from tsfile_torch.convert import write_dataframe
+from tsfile_torch.errors import SchemaError
 
 HOUR = 3_600_000
 #: (site, unit, rows, step in ms, first timestamp in ms, scale, offset)
@@ -389,10 +390,37 @@ def test_split_by_time_trains_before_t_and_forecasts_from_t(panel, stride):
             assert int(batch["future_time"][i, 0]) == per_device[k].time[len(before[k])]
 
 
+def test_split_by_time_without_horizon_validates_the_windows_ending_from_t(panel):
+    # horizon=0 (context only, e.g. an autoencoder): train windows end before t, validation
+    # windows end at or after t; at stride 1 the two are every window of the dataset, once
+    path, _, per_device = panel
+    ds = TsFileWindowDataset(
+        path, 6, normalize="standard", normalize_by="device", min_context=4, return_dict=True
+    )
+    train, valid = ds.split_by_time(CUT + 1)
+    assert valid.normalizer is train.normalizer
+
+    def ends(d):
+        items = _all(d)
+        ids, last = items["device_id"].tolist(), items["past_time"][:, -1].tolist()
+        return list(zip(ids, last, strict=True))
+
+    train_ends, valid_ends = ends(train), ends(valid)
+    assert max(t for _, t in train_ends) <= CUT < min(t for _, t in valid_ends)
+    assert sorted(train_ends + valid_ends) == sorted(ends(ds))
+    before = _in_range(per_device, CUT)
+    for k, frame in enumerate(per_device):  # each device's first one ends at its first row >= t
+        first = min(t for d, t in valid_ends if d == k)
+        assert first == frame.time[len(before[k])]
+
+
 def test_split_by_time_refuses_what_cannot_split(panel):
-    path, *_ = panel
-    with pytest.raises(ValueError, match="horizon >= 1"):
-        TsFileWindowDataset(path, 6).split_by_time(CUT)
+    path, df, _ = panel
+    after_all = int(df.time.max()) + 1
+    with pytest.raises(SchemaError, match="no device has a whole window ending at or after t"):
+        TsFileWindowDataset(path, 6).split_by_time(after_all)
+    with pytest.raises(SchemaError, match="no device has a whole window forecasting from t"):
+        TsFileWindowDataset(path, 6, 1).split_by_time(after_all)
     with pytest.raises(ValueError, match="must lie in"):
         TsFileWindowDataset(path, 6, 1, start_time=0).split_by_time(0)
 

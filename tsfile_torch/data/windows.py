@@ -490,20 +490,20 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         window ends before ``t`` (its ``normalize=`` statistics come from those rows only).
         ``validation``: the windows whose horizon starts at or after ``t`` (the first one of
         each device forecasts from its first row at or after ``t``; windows keep this dataset's
-        stride from there), their context possibly before ``t``; same devices in the same
-        order as ``train`` (so ``device_id`` means the same), normalized with ``train``'s
-        normalizer. Both keep every other argument (order, seed, time features...).
+        stride from there), their context possibly before ``t``; with ``horizon=0``, the
+        windows whose last row is at or after ``t`` (each holds at least one row no train
+        window saw). Same devices in the same order as ``train`` (so ``device_id`` means the
+        same), normalized with ``train``'s normalizer. Both keep every other argument (order,
+        seed, time features...).
 
         Args:
             t: a timestamp in ``time_unit``, a datetime (naive = UTC), ``pandas.Timestamp``,
                 ``numpy.datetime64`` or an ISO-8601 string.
 
         Raises:
-            ValueError: ``horizon`` is 0 (nothing is forecast), or ``t`` outside the time range.
+            ValueError: ``t`` outside the time range.
             SchemaError: no device has a whole window before ``t``, or none after it.
         """
-        if not self.horizon:
-            raise ValueError("split_by_time needs horizon >= 1: validation windows forecast from t")
         cut = to_timestamp("t", t, self.options.time_unit)
         lo, hi = self.options.start_time, self.options.end_time
         if (lo is not None and cut <= lo) or (hi is not None and cut > hi):
@@ -520,11 +520,14 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         return train, validation
 
     def _forecast_from(self, rows_before: np.ndarray, cut: int) -> None:
-        """Keep the windows whose horizon starts at device row ``rows_before[k]`` or later."""
-        self._set_windows(np.maximum(rows_before - self.context_length, -self._padding))
+        """Keep the windows whose first new row (the horizon's first; with ``horizon=0`` the
+        window's last) is device row ``rows_before[k]`` (the first at or after t) or later."""
+        first = rows_before - self.context_length + (0 if self.horizon else 1)
+        self._set_windows(np.maximum(first, -self._padding))
         if self._first[-1] == 0:
             raise SchemaError(
-                f"split_by_time: no device has a whole window forecasting from t={cut} "
+                f"split_by_time: no device has a whole window "
+                f"{'forecasting from' if self.horizon else 'ending at or after'} t={cut} "
                 f"(context_length {self.context_length} + horizon {self.horizon} rows); pick "
                 f"an earlier t"
             )
