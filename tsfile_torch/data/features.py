@@ -8,6 +8,7 @@ so timestamps before 1970 fall on the right day, hour and minute).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import numpy as np
@@ -44,35 +45,21 @@ def _january_first(year: np.ndarray) -> np.ndarray:
     return era * 146_097 + yoe * 365 + yoe // 4 - yoe // 100 + 306 - 719_468
 
 
-def _components(seconds: np.ndarray, days: np.ndarray) -> dict:
-    """Return a lazy table of calendar components of whole ``seconds`` since the epoch."""
-    cache: dict = {}
-
-    def get(name):
-        if name not in cache:
-            if name == "civil":
-                lo, hi = (int(days.min()), int(days.max())) if days.size else (0, -1)
-                if hi - lo + 1 < days.size // 4:  # windows span few days: a table of them
-                    table = _civil(np.arange(lo, hi + 1, dtype=np.int64))
-                    cache[name] = tuple(part[days - lo] for part in table)
-                else:
-                    cache[name] = _civil(days)
-            elif name == "second_of_day":
-                cache[name] = seconds - days * _DAY_S
-        return cache[name]
-
-    return get
-
-
-#: Feature name -> function of the components giving the component scaled into [0, 1].
-TIME_FEATURES = {
-    "minute_of_hour": lambda c, days: (c("second_of_day") // 60 % 60) / 59.0,
-    "hour_of_day": lambda c, days: (c("second_of_day") // 3600) / 23.0,
-    "day_of_week": lambda c, days: ((days + 3) % 7) / 6.0,  # 1970-01-01: Thursday; Monday 0
-    "day_of_month": lambda c, days: (c("civil")[2] - 1) / 30.0,
-    "day_of_year": lambda c, days: (days - _january_first(c("civil")[0])) / 365.0,
-    "month_of_year": lambda c, days: (c("civil")[1] - 1) / 11.0,
+#: Feature name -> function of (days since the epoch, their civil dates) giving the calendar
+#: component scaled into [0, 1]; computed on the distinct days when they are few (Note below).
+_DAY_FEATURES = {
+    "day_of_week": lambda days, civil: ((days + 3) % 7) / 6.0,  # 1970-01-01: Thursday; Monday 0
+    "day_of_month": lambda days, civil: (civil()[2] - 1) / 30.0,
+    "day_of_year": lambda days, civil: (days - _january_first(civil()[0])) / 365.0,
+    "month_of_year": lambda days, civil: (civil()[1] - 1) / 11.0,
 }
+#: Feature name -> function of the second of the day giving the component scaled into [0, 1].
+_SECOND_FEATURES = {
+    "minute_of_hour": lambda second: (second // 60 % 60) / 59.0,
+    "hour_of_day": lambda second: (second // 3600) / 23.0,
+}
+#: Every feature name time_features knows.
+TIME_FEATURES = (*_SECOND_FEATURES, *_DAY_FEATURES)
 
 
 def check_time_features(value) -> tuple[str, ...]:
@@ -97,16 +84,29 @@ def check_time_features(value) -> tuple[str, ...]:
 def time_features(times: np.ndarray, names: Sequence[str], time_unit: str) -> np.ndarray:
     """Return features ``names`` of int64 ``times`` in ``time_unit``: shape ``times.shape + (F,)``.
 
-    Each feature is in [-0.5, 0.5] (GluonTS's encoding), float32.
+    Each feature is in [-0.5, 0.5] (GluonTS's encoding), float32. Day-level features are
+    computed once per distinct day when the timestamps span fewer days than they are many
+    (windows: a few days each, many steps), then looked up: integer calendar arithmetic per
+    timestamp costs about 20x the lookup.
     """
     if time_unit not in TIME_UNITS:
         raise ValueError(f"time_unit must be one of {list(TIME_UNITS)}; got {time_unit!r}")
     seconds = np.floor_divide(np.asarray(times, dtype=np.int64), TIME_UNITS[time_unit])
     days = np.floor_divide(seconds, _DAY_S)
-    components = _components(seconds, days)
     out = np.empty(seconds.shape + (len(names),), dtype=np.float32)
+    lo, hi = (int(days.min()), int(days.max())) if days.size else (0, -1)
+    few = hi - lo + 1 < days.size // 4
+    domain = np.arange(lo, hi + 1, dtype=np.int64) if few else days
+    civil = functools.cache(lambda: _civil(domain))
+    second = None
     for j, name in enumerate(names):
-        out[..., j] = TIME_FEATURES[name](components, days) - 0.5
+        if name in _SECOND_FEATURES:
+            if second is None:
+                second = seconds - days * _DAY_S
+            out[..., j] = _SECOND_FEATURES[name](second) - 0.5
+        else:
+            feature = _DAY_FEATURES[name](domain, civil) - 0.5
+            out[..., j] = feature[days - lo] if few else feature
     return out
 
 
