@@ -124,7 +124,7 @@ class _Pass:
         if isinstance(batch, KeptBatch):  # Note: hand-over
             batch = self._loader.dataset.serve_kept(batch)
             if self._loader.pin_memory:
-                batch = pin_memory(batch, self._loader.pin_memory_device or None)
+                batch = pin_memory(batch, getattr(self._loader, "pin_memory_device", "") or None)
         if self._sums is not None:
             values = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
             if not isinstance(values, torch.Tensor) or values.ndim != 2:

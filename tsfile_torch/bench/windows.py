@@ -204,10 +204,12 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
 
     # the same shuffled windows as dict items: observed masks, times, device ids, tag codes and
     # time features built per batch; checksummed on past / future values
+    # the same blocks in play: a block also keeps its rows' time features (float32 each)
+    feature_bytes = stream.block_rows * 4 * len(DICT_TIME_FEATURES)
     dicts = _dataset(
         plan,
         paths,
-        cache_bytes=cache_bytes,
+        cache_bytes=cache_bytes + (plan.blocks_per_shuffle + 4) * feature_bytes,
         **shuffle,
         return_dict=True,
         time_features=list(DICT_TIME_FEATURES),

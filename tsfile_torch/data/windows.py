@@ -562,8 +562,9 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         times = np.empty((len(k), length), dtype=np.int64) if keep_times else None
         store = self._device_store()
         if store is not None:  # every device kept whole, in one array: one gather
-            for dk in np.unique(k):
-                self._whole_device(int(dk))
+            if not store.known_whole():
+                for dk in np.unique(k):
+                    self._whole_device(int(dk))
             if self._handing_over() is store:
                 return KeptBatch((list(indices),))
             pick = (store.offsets[k] + row)[:, None] + steps

@@ -85,6 +85,10 @@ class MemoryStore:
             self._whole[table] = bool(self.filled[lo:hi].all())
         return bool(self._whole[table])
 
+    def known_whole(self) -> bool:
+        """Return True once every table was found kept entirely (by :meth:`has_whole`)."""
+        return bool(self._whole.all())
+
     def get(self, table: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Return views of kept rows ``[start, stop)`` of ``table``: values, timestamps."""
         base = int(self.offsets[table])
