@@ -40,6 +40,7 @@ from tsfile_torch.data.windows import (
     TsFileWindowDataset,
     WindowBatch,
     _batch_array,
+    as_tensor,
     collate_windows,
 )
 from tsfile_torch.loader import make_loader, worker_context
@@ -294,7 +295,7 @@ class _ReferenceWindows(tud.Dataset):
         shape = (len(indices), len(self.steps), self.panel.shape[1])
         out = _batch_array(shape, self.panel.dtype)
         np.take(self.panel, self.global_rows[np.asarray(indices), None] + self.steps, 0, out=out)
-        return WindowBatch((torch.from_numpy(out[:, : self.c]), torch.from_numpy(out[:, self.c :])))
+        return WindowBatch((as_tensor(out[:, : self.c]), as_tensor(out[:, self.c :])))
 
 
 def _with_ratios(records: list[dict], plan: WindowBenchPlan) -> list[dict]:

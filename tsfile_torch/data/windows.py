@@ -559,7 +559,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         dtype = np.float64 if self.options.dtype == "float64" else np.float32
         values = _batch_array((len(k), length, len(self.fields)), dtype)
         keep_times = self.options.return_timestamps or self.return_dict
-        times = np.empty((len(k), length), dtype=np.int64) if keep_times else None
+        times = _batch_array((len(k), length), np.int64) if keep_times else None
         store = self._device_store()
         if store is not None:  # every device kept whole, in one array: one gather
             if not store.known_whole():
@@ -621,17 +621,15 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         if self.return_dict:
             return self._dict_items(values, times, k, missing, feats)
         identity = self._x_pos == list(range(len(self.fields)))
-        x = torch.from_numpy(values[:, :c] if identity else values[:, :c, self._x_pos])
+        x = as_tensor(values[:, :c] if identity else values[:, :c, self._x_pos])
         parts = [x]
         if self.horizon:
             identity = self._y_pos == list(range(len(self.fields)))
-            parts.append(
-                torch.from_numpy(values[:, c:] if identity else values[:, c:, self._y_pos])
-            )
+            parts.append(as_tensor(values[:, c:] if identity else values[:, c:, self._y_pos]))
         if self.options.dtype not in ("float32", "float64"):
             parts = [p.to(getattr(torch, self.options.dtype)) for p in parts]
         if times is not None:
-            stamps = torch.from_numpy(times)
+            stamps = as_tensor(times)
             parts += [stamps[:, :c], stamps[:, c:]] if self.horizon else [stamps]
         return WindowBatch(tuple(parts))
 
@@ -660,7 +658,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
 
         def add(key, array, cast=False):
             keys.append(key)
-            tensor = torch.from_numpy(array)
+            tensor = as_tensor(array)
             parts.append(tensor.to(out_dtype) if cast and tensor.dtype != out_dtype else tensor)
 
         for side, steps, pos in (
@@ -860,8 +858,33 @@ def _batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:
     """Return an empty array for a batch; in a DataLoader worker, in shared memory.
 
     A worker's batch travels to the main process through shared memory: allocating it there
-    from the start (as ``default_collate`` does) saves copying it at pickling.
+    from the start (as ``default_collate`` does) saves copying it at pickling, as long as its
+    tensors are made with :func:`as_tensor`.
     """
     if tud.get_worker_info() is None:
         return np.empty(shape, dtype=dtype)
     return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name)).share_memory_().numpy()
+
+
+def as_tensor(array: np.ndarray) -> torch.Tensor:
+    """Return ``array`` as a tensor; a view into a :func:`_batch_array` stays a view of its storage.
+
+    ``torch.from_numpy`` wraps a view in a new storage that is not shared, and DataLoader then
+    copies each such tensor into a new shared-memory segment of its own when a worker sends the
+    batch (past and future values, masks, times and features: one segment each). A view of
+    the shared storage is sent as a reference to it.
+    """
+    base = array.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    if not isinstance(base, torch.Tensor) or not base.is_shared():
+        return torch.from_numpy(array)
+    itemsize = array.itemsize
+    if base.element_size() != itemsize or any(s % itemsize for s in array.strides):
+        return torch.from_numpy(array)
+    offset = array.__array_interface__["data"][0] - base.data_ptr()
+    return base.as_strided(
+        array.shape,
+        [s // itemsize for s in array.strides],
+        base.storage_offset() + offset // itemsize,
+    )
