@@ -693,30 +693,18 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
     def _block(self, k: int, b: int) -> Block:
         """Return block ``b`` of device ``k`` with its windows' tails (values, times, and
         with ``time_features`` their features, except from the memory or disk store)."""
+        lo = b * self.block_rows
+        hi = min(
+            lo + self.block_rows + self.context_length + self.horizon - 1, self.tables[k].num_rows
+        )
         store = self._device_store()
         if store is not None:
             self._whole_device(k)
-            lo = b * self.block_rows
-            return Block(
-                *reversed(
-                    store.get(
-                        k,
-                        lo,
-                        min(
-                            lo + self.block_rows + self.context_length + self.horizon - 1,
-                            self.tables[k].num_rows,
-                        ),
-                    )
-                )
-            )
+            values, times = store.get(k, lo, hi)
+            return Block(times, values)
         cache = self._block_cache()
         block = cache.get((k, b))
         if block is None:
-            lo = b * self.block_rows
-            hi = min(
-                lo + self.block_rows + self.context_length + self.horizon - 1,
-                self.tables[k].num_rows,
-            )
             values, times = self._rows(k, lo, hi)
             block = Block(times, values.astype(self._dtype, copy=False))
             if self.time_features:
