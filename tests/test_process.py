@@ -12,7 +12,6 @@ import faulthandler
 import gc
 import json
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
 import sys
