@@ -63,6 +63,18 @@ def expected_rows():
     return expected
 
 
+def table_columns(num_devices: int, fields_per_device: int, table: str = "t") -> list[str]:
+    """Return the column names of synthetic table data in catalog order (device, then field)."""
+    return [f"{table}.d{d}.s{f}" for d in range(num_devices) for f in range(fields_per_device)]
+
+
+@pytest.fixture(scope="session")
+def column_names():
+    """The function ``(num_devices, fields_per_device, table="t") -> names`` of synthetic table
+    columns in catalog order: ``t.d0.s0``, ``t.d0.s1``, ..., ``t.d1.s0``, ..."""
+    return table_columns
+
+
 class S3Server:
     """A real S3 API on loopback: moto's server app behind a WSGI layer that logs each request.
 

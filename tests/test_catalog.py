@@ -12,17 +12,16 @@ from tsfile_torch.sources import expand_sources
 TWO = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=3, num_rows=2000)
 
 
-def test_columns_follow_file_then_device_then_schema_field_order(small_dir):
+def _one_series(table: str = "t") -> synthetic.DatasetSpec:
+    """1 file x 1 device x 1 DOUBLE field x 1,000 rows, in table ``table``."""
+    return synthetic.DatasetSpec(
+        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000, table=table
+    )
+
+
+def test_columns_follow_file_then_device_then_schema_field_order(small_dir, column_names):
     cat = build_catalog(small_dir)
-    assert cat.column_names[:7] == [
-        "t.d0.s0",
-        "t.d0.s1",
-        "t.d0.s2",
-        "t.d1.s0",
-        "t.d1.s1",
-        "t.d1.s2",
-        "t.d2.s0",
-    ]
+    assert cat.column_names[:7] == column_names(3, 3)[:7]  # t.d0.s0 ... t.d1.s2, t.d2.s0
     assert len(cat.column_names) == 18
     assert cat.num_rows == 5000 and (cat.start_time, cat.end_time) == (0, 4999)
 
@@ -118,9 +117,7 @@ def test_series_continuing_across_files_are_concatenated_in_time_order(tmp_path)
 
 
 def test_overlapping_shards_are_an_error_naming_both_files(tmp_path):
-    spec = synthetic.DatasetSpec(
-        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000
-    )
+    spec = _one_series()
     synthetic.write_table_files(tmp_path, spec, prefix="a_")
     synthetic.write_table_files(tmp_path, spec, prefix="b_", row_offset=500)
     with pytest.raises(SchemaError, match=r"overlap between .*a_000.tsfile.*b_000.tsfile"):
@@ -128,14 +125,8 @@ def test_overlapping_shards_are_an_error_naming_both_files(tmp_path):
 
 
 def test_misaligned_devices_in_one_file_set_are_a_schema_error(tmp_path):
-    spec = synthetic.DatasetSpec(
-        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000, table="a"
-    )
-    synthetic.write_table_files(tmp_path, spec, prefix="a")
-    spec_b = synthetic.DatasetSpec(
-        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000, table="b"
-    )
-    synthetic.write_table_files(tmp_path, spec_b, prefix="b", start_time=10)
+    synthetic.write_table_files(tmp_path, _one_series("a"), prefix="a")
+    synthetic.write_table_files(tmp_path, _one_series("b"), prefix="b", start_time=10)
     with pytest.raises(SchemaError, match=r"do not share one timeline.*'a.d0.s0'.*'b.d0.s0'"):
         build_catalog(tmp_path)
 
@@ -144,10 +135,8 @@ def test_same_metadata_but_different_timestamps_fail_at_read_time(tmp_path):
     import pyarrow as pa
     from tsfile import ColumnCategory, ColumnSchema, TableSchema, TsFileTableWriter
 
-    spec = synthetic.DatasetSpec(
-        num_files=1, devices_per_file=1, fields_per_device=1, num_rows=1000, table="a"
-    )
-    synthetic.write_table_files(tmp_path, spec, prefix="a", interval=2)  # 0, 2, ..., 1998
+    # table a: timestamps 0, 2, ..., 1998
+    synthetic.write_table_files(tmp_path, _one_series("a"), prefix="a", interval=2)
     times = np.append(np.arange(999), 1998)  # same count, first and last; differs inside
     schema = TableSchema(
         "b",

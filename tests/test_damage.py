@@ -8,9 +8,6 @@ wrong values. The full sweep is marked slow; a representative subset runs by def
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,7 +15,6 @@ import pytest
 from tsfile_torch import synthetic
 from tsfile_torch.integrity.manifest import write_manifest
 
-REPO = Path(__file__).resolve().parents[1]
 ROWS = 30000
 COMBOS = [(b, w) for b in ("auto", "mmap", "pread") for w in (0, 2)]
 
@@ -145,16 +141,8 @@ SLOW_CASES = [
 LATE = {"flip:s1+80000", "flip:s1+500", "flip:s3+500", "flip:s3+150000", "flip:s0+1000"}
 
 
-def _run(args: dict, timeout: float = 240) -> list[dict]:
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-c", PROBE, json.dumps(args)],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=REPO,
-    )
+def _run(run_python, args: dict, timeout: float = 240) -> list[dict]:
+    proc = run_python(PROBE, json.dumps(args), timeout=timeout)
     assert proc.returncode == 0, f"probe died ({proc.returncode}): {proc.stderr[-3000:]}"
     lines = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert len(lines) == len(args["combos"]), proc.stderr[-3000:]
@@ -180,13 +168,13 @@ def _check(outcomes: list[dict], name: str, exact_rows: int | None = None) -> No
 SEEN_ONLY_BY_A_MANIFEST = ("flip:s2+500", "flip:s2+100000")
 
 
-def _damage_case(tmp_path, pristine, case):
+def _damage_case(run_python, tmp_path, pristine, case):
     bad = tmp_path / "damaged.tsfile"
     if case in SEEN_ONLY_BY_A_MANIFEST:  # the manifest of the intact file, then the damage
         bad.write_bytes(pristine.read_bytes())
         write_manifest(tmp_path)
     bad.write_bytes(_damaged(pristine.read_bytes(), case))
-    outcomes = _run({"path": str(bad), "combos": COMBOS})  # never a signal or a hang
+    outcomes = _run(run_python, {"path": str(bad), "combos": COMBOS})  # never a signal or a hang
     if case in SEEN_ONLY_BY_A_MANIFEST:
         assert all(o["result"] == "error" for o in outcomes), outcomes
         assert all("content differs from the manifest" in o["message"] for o in outcomes)
@@ -196,26 +184,27 @@ def _damage_case(tmp_path, pristine, case):
 
 
 @pytest.mark.parametrize("case", DEFAULT_CASES)
-def test_damaged_file_reads_exactly_or_fails_naming_it(tmp_path, pristine, case):
-    _damage_case(tmp_path, pristine, case)
+def test_damaged_file_reads_exactly_or_fails_naming_it(run_python, tmp_path, pristine, case):
+    _damage_case(run_python, tmp_path, pristine, case)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", SLOW_CASES)
-def test_damaged_file_sweep(tmp_path, pristine, case):
-    _damage_case(tmp_path, pristine, case)
+def test_damaged_file_sweep(run_python, tmp_path, pristine, case):
+    _damage_case(run_python, tmp_path, pristine, case)
 
 
 CHANGES = ["truncate", "overwrite", "overwrite_keep_mtime", "delete", "rename_over"]
 
 
-def _change_case(tmp_path, pristine, change, kind, change_epoch):
+def _change_case(run_python, tmp_path, pristine, change, kind, change_epoch):
     path = tmp_path / "live.tsfile"
     other = tmp_path / "other.tsfile"
     synthetic.write_table_files(tmp_path / "o", synthetic.DatasetSpec(1, 1, 4, ROWS, table="u"))
     other.write_bytes(next((tmp_path / "o").glob("*.tsfile")).read_bytes())
     flip = _value_chunk(pristine.read_bytes(), 2) + 100000
     outcomes = _run(
+        run_python,
         {
             "path": str(path),
             "pristine": str(pristine),
@@ -225,7 +214,7 @@ def _change_case(tmp_path, pristine, change, kind, change_epoch):
             "kind": kind,
             "flip": flip,
             "combos": COMBOS,
-        }
+        },
     )
     _check(outcomes, "live.tsfile")
     if kind == "iterable" and change_epoch == 0:  # the second epoch must notice
@@ -233,16 +222,18 @@ def _change_case(tmp_path, pristine, change, kind, change_epoch):
 
 
 @pytest.mark.parametrize("change", ["truncate", "overwrite_keep_mtime"])
-def test_file_changed_mid_epoch_reads_exactly_or_fails_naming_it(tmp_path, pristine, change):
-    _change_case(tmp_path, pristine, change, "iterable", 0)
+def test_file_changed_mid_epoch_reads_exactly_or_fails_naming_it(
+    run_python, tmp_path, pristine, change
+):
+    _change_case(run_python, tmp_path, pristine, change, "iterable", 0)
 
 
-def test_map_style_dataset_without_set_epoch_notices_a_truncation(tmp_path, pristine):
-    _change_case(tmp_path, pristine, "truncate", "map", 0)
+def test_map_style_dataset_without_set_epoch_notices_a_truncation(run_python, tmp_path, pristine):
+    _change_case(run_python, tmp_path, pristine, "truncate", "map", 0)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["iterable", "map"])
 @pytest.mark.parametrize("change", CHANGES)
-def test_file_change_sweep(tmp_path, pristine, change, kind):
-    _change_case(tmp_path, pristine, change, kind, 0)
+def test_file_change_sweep(run_python, tmp_path, pristine, change, kind):
+    _change_case(run_python, tmp_path, pristine, change, kind, 0)

@@ -99,20 +99,25 @@ def _all(ds) -> dict[str, torch.Tensor]:
     return collate_windows(ds.__getitems__(list(range(len(ds)))))
 
 
+def _exact_dicts(path, context, horizon, **kwargs) -> TsFileWindowDataset:
+    """Dict items in float64, so they compare exactly with the frame's values."""
+    return TsFileWindowDataset(
+        path, context, horizon, return_dict=True, dtype=torch.float64, **kwargs
+    )
+
+
 @pytest.mark.parametrize("fill", ["nan", "zero", "ffill"])
 def test_dict_items_match_the_written_frame(panel, fill):
     path, _, per_device = panel
     context, horizon = 6, 3
-    ds = TsFileWindowDataset(
+    ds = _exact_dicts(
         path,
         context,
         horizon,
         columns=["load", "temp"],
         targets=["load"],
-        return_dict=True,
         time_features=FEATURES,
         fill=fill,
-        dtype=torch.float64,
         block_rows=50,
     )
     assert ds.devices == ["plant.north.kw", "plant.north.mw", "plant.south.kw"]
@@ -245,9 +250,7 @@ def test_aligned_gaps_are_masked_and_filled_within_the_window(tmp_path):
         tmp_path / "pair.tsfile",
         {"root.sg.d1": {"a": (a_times, a_times * 10.0), "b": (b_times, b_times * 100.0 + 1)}},
     )
-    ds = TsFileWindowDataset(
-        tmp_path, 5, 1, align="union", fill="ffill", return_dict=True, dtype=torch.float64
-    )
+    ds = _exact_dicts(tmp_path, 5, 1, align="union", fill="ffill")
     union = np.union1d(a_times, b_times)
     frame = pd.DataFrame(index=union)
     frame["a"] = pd.Series(a_times * 10.0, index=a_times)
@@ -275,16 +278,7 @@ def _in_range(per_device, end_time):
 @pytest.mark.parametrize("method", ["standard", "minmax"])
 def test_device_statistics_come_from_each_devices_rows_in_range(panel, method):
     path, _, per_device = panel
-    ds = TsFileWindowDataset(
-        path,
-        6,
-        2,
-        normalize=method,
-        normalize_by="device",
-        end_time=CUT,
-        return_dict=True,
-        dtype=torch.float64,
-    )
+    ds = _exact_dicts(path, 6, 2, normalize=method, normalize_by="device", end_time=CUT)
     norm = ds.normalizer
     assert norm.devices == tuple(ds.devices) and norm.device_fields == ("load", "temp")
     shift = np.asarray(norm.shift).reshape(3, 2)
@@ -348,15 +342,13 @@ def test_a_validation_dataset_takes_the_training_devices_numbers(panel):
 def test_split_by_time_trains_before_t_and_forecasts_from_t(panel, stride):
     path, _, per_device = panel
     context, horizon = 6, 2
-    ds = TsFileWindowDataset(
+    ds = _exact_dicts(
         path,
         context,
         horizon,
         stride=stride,
         normalize="standard",
         normalize_by="device",
-        return_dict=True,
-        dtype=torch.float64,
         block_rows=40,
     )
     cut = pd.Timestamp(CUT + 1, unit="ms")  # any form of time; the first row >= t varies
@@ -458,7 +450,7 @@ def _padded_windows(per_device, context, horizon, stride, min_context, max_missi
 def test_min_context_pads_and_max_missing_drops_windows(panel, min_context, max_missing, stride):
     path, _, per_device = panel
     context, horizon = 5, 2
-    ds = TsFileWindowDataset(
+    ds = _exact_dicts(
         path,
         context,
         horizon,
@@ -466,8 +458,6 @@ def test_min_context_pads_and_max_missing_drops_windows(panel, min_context, max_
         targets=["temp"],
         min_context=min_context,
         max_missing=max_missing,
-        return_dict=True,
-        dtype=torch.float64,
         block_rows=64,
     )
     want = _padded_windows(per_device, context, horizon, stride, min_context, max_missing, ["temp"])

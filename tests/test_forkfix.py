@@ -10,10 +10,8 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from importlib import metadata
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,8 +21,6 @@ from torch.utils.data import DataLoader
 from tsfile_torch import TsFileIterableDataset, TsFileTorchError
 from tsfile_torch.loader import worker_context
 from tsfile_torch.native import forkfix
-
-REPO = Path(__file__).resolve().parents[1]
 
 needs_fix = pytest.mark.skipif(
     not forkfix.fork_safe(), reason="fork fix inactive: tsfile version or symbols differ"
@@ -108,16 +104,9 @@ print(json.dumps(out))
 
 
 def test_without_the_fix_a_plain_fork_raises_and_make_loader_uses_forkserver(
-    small_dir, small_expected
+    small_dir, small_expected, run_python
 ):
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-c", WITHOUT_FIX, str(small_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+    proc = run_python(WITHOUT_FIX, str(small_dir), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.splitlines()[-1])
     assert out["enabled"] is False

@@ -12,10 +12,8 @@ import faulthandler
 import gc
 import json
 import multiprocessing
-import multiprocessing.forkserver
 import os
 import signal
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -24,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 import torch.utils.data as tud
+from process_support import break_off, process_state
 
 import tsfile_torch
 from tsfile_torch import (
@@ -35,19 +34,6 @@ from tsfile_torch import (
     synthetic,
 )
 
-REPO = Path(__file__).resolve().parents[1]
-
-
-def _process_state() -> dict:
-    """What a library could leave behind in the user's process."""
-    return {
-        "sigchld": signal.getsignal(signal.SIGCHLD),
-        "faulthandler": faulthandler.is_enabled(),
-        "start_method": multiprocessing.get_start_method(allow_none=True),
-        # no public getter: what multiprocessing.set_forkserver_preload last set
-        "forkserver_preload": list(multiprocessing.forkserver._forkserver._preload_modules),
-    }
-
 
 def _user_sigchld(signum, frame):  # a handler of the user's own
     pass
@@ -56,7 +42,7 @@ def _user_sigchld(signum, frame):  # a handler of the user's own
 @pytest.fixture
 def user_settings():
     """The user's own SIGCHLD handler, faulthandler on, a start method and forkserver preload."""
-    saved = _process_state()
+    saved = process_state()
     signal.signal(signal.SIGCHLD, _user_sigchld)
     faulthandler.enable(file=sys.__stderr__)
     multiprocessing.set_start_method("spawn", force=True)
@@ -83,12 +69,7 @@ def _loader_passes(ds: TsFileIterableDataset, expected: np.ndarray) -> object:
     order = torch.cat(times).numpy()
     assert sorted(order) == list(range(len(expected)))
     np.testing.assert_array_equal(torch.cat(values).numpy(), expected[order].astype(np.float32))
-    broken = make_loader(ds, num_workers=2)
-    for i, _ in enumerate(broken):
-        if i == 2:
-            break
-    del broken, _
-    gc.collect()
+    break_off(ds)
     return during
 
 
@@ -96,22 +77,20 @@ def test_a_loader_leaves_the_users_signals_faulthandler_and_multiprocessing_as_t
     small_dir, small_expected, user_settings
 ):
     ds = TsFileIterableDataset(small_dir, batch_size=500, return_timestamps=True)
-    before = _process_state()
+    before = process_state()
     during = _loader_passes(ds, small_expected)
     assert during is not _user_sigchld  # the worker-report wrapper was in place meanwhile
-    assert _process_state() == before
+    assert process_state() == before
 
 
 FRESH = r"""
-import faulthandler, gc, json, multiprocessing, multiprocessing.forkserver, signal, sys
+import json, sys
+
+sys.path.insert(0, sys.argv[2])
+from process_support import break_off, process_state
 
 def state():
-    return repr([
-        signal.getsignal(signal.SIGCHLD),
-        faulthandler.is_enabled(),
-        multiprocessing.get_start_method(allow_none=True),
-        list(multiprocessing.forkserver._forkserver._preload_modules),
-    ])
+    return repr(list(process_state().values()))
 
 before = state()
 from tsfile_torch import TsFileIterableDataset, make_loader
@@ -119,25 +98,15 @@ from tsfile_torch import TsFileIterableDataset, make_loader
 ds = TsFileIterableDataset(sys.argv[1], batch_size=500)
 rows = sum(len(batch) for batch in make_loader(ds, num_workers=2))
 after_full = state()
-broken = make_loader(ds, num_workers=2)
-for i, _ in enumerate(broken):
-    if i == 2:
-        break
-del broken, _
-gc.collect()
+break_off(ds)
 print(json.dumps([before, rows, after_full, state()]))
 """
 
 
-def test_the_first_loader_of_a_fresh_process_leaves_its_defaults_as_they_were(small_dir):
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    proc = subprocess.run(
-        [sys.executable, "-c", FRESH, str(small_dir)],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=300,
-    )
+def test_the_first_loader_of_a_fresh_process_leaves_its_defaults_as_they_were(
+    small_dir, run_python
+):
+    proc = run_python(FRESH, str(small_dir), str(Path(__file__).parent), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     before, rows, after_full, after_break = json.loads(proc.stdout.splitlines()[-1])
     assert before.startswith("[<Handlers.SIG_DFL: 0>, False, None, ")  # Python's defaults

@@ -38,24 +38,31 @@ def bucket(s3_server, small_dir) -> str:
     return name
 
 
-def _in_row_order(batches) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate ``(values, timestamps)`` batches sorted by time (timestamps = row numbers)."""
+@pytest.fixture
+def s3_options(s3_server, tmp_path) -> dict:
+    """Dataset options that read from the test server into this test's ``tmp_path / "cache"``."""
+    return {"storage_options": s3_server.storage_options, "cache_dir": tmp_path / "cache"}
+
+
+def _assert_every_row_exact(batches, expected: np.ndarray) -> None:
+    """``(values, timestamps)`` batches, sorted by time (timestamps = row numbers), are
+    ``expected``: every row once, each with its values."""
     values = torch.cat([v for v, _ in batches]).numpy()
     times = torch.cat([t for _, t in batches]).numpy()
     order = np.argsort(times, kind="stable")
-    return values[order], times[order]
+    np.testing.assert_array_equal(times[order], np.arange(len(expected)))
+    np.testing.assert_array_equal(values[order], expected.astype(np.float32))
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_iterable_dataset_reads_s3_exactly_and_a_second_epoch_fetches_nothing(
-    s3_server, bucket, small_expected, tmp_path, num_workers
+    s3_server, bucket, small_expected, tmp_path, s3_options, num_workers
 ):
     ds = TsFileIterableDataset(
         f"s3://{bucket}/data/",
         batch_size=700,
         return_timestamps=True,
-        storage_options=s3_server.storage_options,
-        cache_dir=tmp_path / "cache",
+        **s3_options,
     )
     assert [f.name for f in ds.catalog.files] == [
         f"s3://{bucket}/data/part00{i}.tsfile" for i in range(3)
@@ -67,9 +74,7 @@ def test_iterable_dataset_reads_s3_exactly_and_a_second_epoch_fetches_nothing(
     for epoch in range(2):
         ds.set_epoch(epoch)
         before = len(s3_server.requests)
-        values, times = _in_row_order(list(loader))
-        np.testing.assert_array_equal(times, np.arange(len(small_expected)))
-        np.testing.assert_array_equal(values, small_expected.astype(np.float32))
+        _assert_every_row_exact(list(loader), small_expected)
         if epoch == 0:  # each file downloaded once, however many workers read it
             assert s3_server.object_gets(bucket) - built == 3
         else:
@@ -78,21 +83,18 @@ def test_iterable_dataset_reads_s3_exactly_and_a_second_epoch_fetches_nothing(
 
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_map_style_dataset_reads_s3_exactly(
-    s3_server, bucket, small_expected, tmp_path, num_workers
+    s3_server, bucket, small_expected, s3_options, num_workers
 ):
     ds = TsFileDataset(
         f"s3://{bucket}/data/*.tsfile",
         batch_size=800,
         read_backend="mmap",
         return_timestamps=True,
-        storage_options=s3_server.storage_options,
-        cache_dir=tmp_path / "cache",
+        **s3_options,
     )
     loader = make_loader(ds, num_workers=num_workers)
     for _ in range(2):  # workers' batches arrive round-robin: compared in row order
-        values, times = _in_row_order(list(loader))
-        np.testing.assert_array_equal(times, np.arange(len(small_expected)))
-        np.testing.assert_array_equal(values, small_expected.astype(np.float32))
+        _assert_every_row_exact(list(loader), small_expected)
     if num_workers == 0:
         assert set(ds.backends.values()) == {"mmap"}  # the local copies, memory-mapped
 
@@ -280,7 +282,7 @@ def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
     assert "remote, empty cache, workers=0" in capsys.readouterr().out
 
 
-def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path):
+def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path, s3_options):
     # one series continued across two files: rows 0..999 in day0, 1000..1999 in day1
     name = f"bucket-{next(_BUCKETS)}"
     spec = synthetic.DatasetSpec(1, 1, 2, 1000)
@@ -290,8 +292,7 @@ def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path):
     ds = TsFileDataset(
         f"s3://{name}/",
         batch_size=500,
-        storage_options=s3_server.storage_options,
-        cache_dir=tmp_path / "cache",
+        **s3_options,
     )
     assert ds.num_rows == 2000
     built = {k: s3_server.object_gets(name, k) for k in ("day0_000.tsfile", "day1_000.tsfile")}
@@ -302,7 +303,7 @@ def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path):
 
 
 def test_reopened_readers_and_time_ranges_use_the_local_copies(
-    s3_server, bucket, small_expected, tmp_path
+    s3_server, bucket, small_expected, s3_options
 ):
     ds = TsFileDataset(
         f"s3://{bucket}/data/",
@@ -310,8 +311,7 @@ def test_reopened_readers_and_time_ranges_use_the_local_copies(
         start_time=100,  # cuts every shard: counting its rows reads timestamps at build time
         end_time=2099,
         max_open_files=1,  # every file switch closes a reader and opens another
-        storage_options=s3_server.storage_options,
-        cache_dir=tmp_path / "cache",
+        **s3_options,
     )
     want = small_expected[100:2100].astype(np.float32)
     np.testing.assert_array_equal(torch.cat([ds[0], ds[1]]).numpy(), want)
@@ -322,13 +322,12 @@ def test_reopened_readers_and_time_ranges_use_the_local_copies(
 
 
 def test_an_object_deleted_after_the_build_is_an_error_naming_it_at_first_read(
-    s3_server, bucket, tmp_path
+    s3_server, bucket, tmp_path, s3_options
 ):
     ds = TsFileDataset(
         f"s3://{bucket}/data/",
         batch_size=5000,
-        storage_options=s3_server.storage_options,
-        cache_dir=tmp_path / "cache",
+        **s3_options,
     )
     s3_server.client.delete_object(Bucket=bucket, Key="data/part001.tsfile")
     url = f"s3://{bucket}/data/part001.tsfile"

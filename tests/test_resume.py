@@ -18,7 +18,7 @@ from tsfile_torch import TsFileDataset, TsFileIterableDataset, make_loader, synt
 pytest.importorskip("torchdata")
 
 
-class _LoggedIterable(TsFileIterableDataset):
+class _LogsBatches:
     """Appends the first timestamp of every batch it reads to ``log`` (any process)."""
 
     log = ""
@@ -30,14 +30,12 @@ class _LoggedIterable(TsFileIterableDataset):
         return values, times
 
 
-class _LoggedMap(TsFileDataset):
-    log = ""
+class _LoggedIterable(_LogsBatches, TsFileIterableDataset):
+    pass
 
-    def _read_items(self, items, *order):
-        values, times = super()._read_items(items, *order)
-        with open(self.log, "a") as fh:
-            fh.write(f"{int(times[0])}\n")
-        return values, times
+
+class _LoggedMap(_LogsBatches, TsFileDataset):
+    pass
 
 
 def _build(kind: str, data, log: str, num_workers: int, **loader_kwargs):

@@ -33,6 +33,11 @@ def long_dir(tmp_path_factory):
     return directory
 
 
+def _exact_with_times(kind, source, **kwargs):
+    """A ``kind`` dataset of ``source`` that gives float64 values and their timestamps."""
+    return kind(source, dtype=torch.float64, return_timestamps=True, **kwargs)
+
+
 def _expected(rows) -> np.ndarray:
     return np.stack([synthetic.value_of(0, c, rows) for c in range(3)], axis=1)
 
@@ -40,13 +45,12 @@ def _expected(rows) -> np.ndarray:
 def test_batches_of_a_long_chunked_series_are_exact_wherever_they_start(
     long_dir, read_backend, tmp_path
 ):
-    ds = TsFileDataset(
+    ds = _exact_with_times(
+        TsFileDataset,
         long_dir,
         batch_size=3000,  # batches start inside index strides, pages and chunks
         block_rows=8192,  # and cross block boundaries
         read_backend=read_backend,
-        dtype=torch.float64,
-        return_timestamps=True,
         index_cache=str(tmp_path / "index"),
     )
     for i in range(len(ds)):
@@ -57,14 +61,13 @@ def test_batches_of_a_long_chunked_series_are_exact_wherever_they_start(
 
 
 def test_random_windows_over_a_long_series_read_exactly_the_rows_asked_for(long_dir, read_backend):
-    ds = TsFileDataset(
+    ds = _exact_with_times(
+        TsFileDataset,
         long_dir,
         batch_size=1000,
         block_rows=8192,
         random_batches=20,
         read_backend=read_backend,
-        dtype=torch.float64,
-        return_timestamps=True,
         index_cache=False,
     )
     before = ds.reader.decoded_rows
@@ -78,9 +81,7 @@ def test_random_windows_over_a_long_series_read_exactly_the_rows_asked_for(long_
 
 
 def test_two_workers_over_a_long_series_deliver_every_row_once(long_dir):
-    ds = TsFileIterableDataset(
-        long_dir, batch_size=2500, block_rows=8192, dtype=torch.float64, return_timestamps=True
-    )
+    ds = _exact_with_times(TsFileIterableDataset, long_dir, batch_size=2500, block_rows=8192)
     seen = {}
     for values, times in make_loader(ds, num_workers=2):
         rows = (times.numpy() - START) // STEP
@@ -103,14 +104,13 @@ def test_two_workers_over_a_long_series_deliver_every_row_once(long_dir):
 def test_time_ranges_select_exactly_the_rows_inside_them(
     long_dir, read_backend, start_time, end_time, first_row, stop_row
 ):
-    ds = TsFileDataset(
+    ds = _exact_with_times(
+        TsFileDataset,
         long_dir,
         batch_size=700,
         start_time=start_time,
         end_time=end_time,
         read_backend=read_backend,
-        dtype=torch.float64,
-        return_timestamps=True,
         block_rows=4096,
     )
     assert ds.num_rows == stop_row - first_row
@@ -128,14 +128,13 @@ def test_a_time_range_spanning_two_day_files_reads_both_shards(tmp_path, read_ba
     )
     synthetic.write_table_files(tmp_path, spec, prefix="day1-")
     synthetic.write_table_files(tmp_path, spec, prefix="day2-", row_offset=5000)
-    ds = TsFileIterableDataset(
+    ds = _exact_with_times(
+        TsFileIterableDataset,
         tmp_path,
         batch_size=1000,
         start_time=3500,
         end_time=6499,
         read_backend=read_backend,
-        dtype=torch.float64,
-        return_timestamps=True,
     )
     values = np.concatenate([v.numpy() for v, _ in ds])
     rows = np.arange(3500, 6500)
@@ -293,13 +292,12 @@ def test_irregular_sampling_widens_index_reads_until_rows_are_found(tmp_path, re
         writer.writer.write_arrow_batch("t", pa.table(data), 0)
     finally:
         writer.close()
-    ds = TsFileDataset(
+    ds = _exact_with_times(
+        TsFileDataset,
         path,
         batch_size=3000,
         block_rows=4096,
         read_backend=read_backend,
-        dtype=torch.float64,
-        return_timestamps=True,
         index_cache=False,
     )
     for i in range(len(ds)):

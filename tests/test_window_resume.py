@@ -39,18 +39,15 @@ class _LoggedWindows(TsFileWindowDataset):
         return super().__getitems__(indices)
 
 
-def _build(data, log: str, num_workers: int, stride: int = 3, **loader_kwargs):
-    ds = _LoggedWindows(
-        data,
-        context_length=8,
-        horizon=2,
-        stride=stride,
-        block_rows=32,
-        return_timestamps=True,
-        shuffle=True,
-        shuffle_blocks=2,
-        seed=-4,
+def _shuffled(panel, stride=3, kind=TsFileWindowDataset, **kwargs):
+    """Shuffled windows of 8 + 2 rows over the panel (``kind``: the dataset class)."""
+    return kind(
+        panel, context_length=8, horizon=2, stride=stride, block_rows=32, shuffle=True, **kwargs
     )
+
+
+def _build(data, log: str, num_workers: int, stride: int = 3, **loader_kwargs):
+    ds = _shuffled(data, stride, _LoggedWindows, return_timestamps=True, shuffle_blocks=2, seed=-4)
     ds.log = log
     loader = make_loader(ds, batch_size=10, num_workers=num_workers, stateful=True, **loader_kwargs)
     return ds, loader
@@ -157,15 +154,7 @@ def test_window_contract_save_at_every_position_of_an_epoch(panel, tmp_path, num
 @pytest.mark.parametrize("method", ["forkserver", "spawn"])
 def test_window_resume_with_workers_of_another_start_method(panel, method):
     def build():
-        ds = TsFileWindowDataset(
-            panel,
-            context_length=8,
-            horizon=2,
-            stride=3,
-            block_rows=32,
-            shuffle=True,
-            shuffle_blocks=2,
-        )
+        ds = _shuffled(panel, shuffle_blocks=2)
         loader = make_loader(ds, 10, num_workers=2, stateful=True, multiprocessing_context=method)
         return ds, loader
 
@@ -215,16 +204,7 @@ def test_a_pass_begun_after_one_broken_off_resumes_as_the_next_epoch(panel, tmp_
 
 @pytest.mark.parametrize("persistent", [True, False])
 def test_a_plain_loader_gives_a_new_order_every_pass_without_set_epoch(panel, persistent):
-    ds = TsFileWindowDataset(
-        panel,
-        context_length=8,
-        horizon=2,
-        stride=3,
-        block_rows=32,
-        shuffle=True,
-        shuffle_blocks=2,
-        seed=1,
-    )
+    ds = _shuffled(panel, shuffle_blocks=2, seed=1)
     sampler = EpochSampler(ds, batch_size=10, num_workers=2)
     loader = DataLoader(ds, batch_sampler=sampler, num_workers=2, persistent_workers=persistent)
     lookup = {ds[i][0].numpy().tobytes(): i for i in range(len(ds))}
@@ -235,12 +215,6 @@ def test_a_plain_loader_gives_a_new_order_every_pass_without_set_epoch(panel, pe
     sampler.set_epoch(0)  # set_epoch still names the next pass; later passes count on
     assert [list(b) for b in sampler] == passes[0]
     assert [list(b) for b in sampler] == passes[1]
-
-
-def _shuffled(panel, stride=3, **kwargs):
-    return TsFileWindowDataset(
-        panel, context_length=8, horizon=2, stride=stride, block_rows=32, shuffle=True, **kwargs
-    )
 
 
 def test_sampler_state_names_epoch_position_and_what_the_order_depends_on(panel):

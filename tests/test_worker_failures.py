@@ -20,26 +20,36 @@ from tsfile_torch import TsFileIterableDataset, WorkerError, make_loader, synthe
 REPO = Path(__file__).resolve().parents[1]
 
 
-class _StuckInNativeRead(TsFileIterableDataset):
-    """In workers, the read of rows [2500, ...) blocks in native code (libc sleep) for an hour."""
+class _FailsInNativeRead(TsFileIterableDataset):
+    """In workers, the read of rows [2500, ...) fails as ``how`` says: ``"stall"`` blocks in
+    native code (libc sleep) for an hour, ``"segv"`` dies of SIGSEGV in native code, ``"kill"``
+    of SIGKILL."""
+
+    how = "segv"
 
     @property
     def reader(self):
         reader = TsFileIterableDataset.reader.fget(self)
-        if tud.get_worker_info() is not None and not getattr(reader, "_stuck", False):
+        if tud.get_worker_info() is not None and not getattr(reader, "_fails", False):
             note = reader.on_read
 
             def on_read(text):
                 note(text)
                 if text is not None and "rows [2500," in text:
-                    ctypes.CDLL(None).sleep(3600)
+                    if self.how == "stall":
+                        ctypes.CDLL(None).sleep(3600)
+                    elif self.how == "kill":
+                        os.kill(os.getpid(), signal.SIGKILL)
+                    else:
+                        ctypes.string_at(0)  # a real segmentation fault, in native code
 
-            reader.on_read, reader._stuck = on_read, True
+            reader.on_read, reader._fails = on_read, True
         return reader
 
 
 def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(small_dir):
-    ds = _StuckInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    ds = _FailsInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    ds.how = "stall"
     loader = make_loader(ds, num_workers=2, timeout=5)
     with pytest.raises(
         WorkerError,
@@ -50,31 +60,9 @@ def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(sma
     del loader
 
 
-class _CrashesInNativeRead(TsFileIterableDataset):
-    """In workers, the read of rows [2500, ...) dies of SIGSEGV in native code (or SIGKILL)."""
-
-    how = "segv"
-
-    @property
-    def reader(self):
-        reader = TsFileIterableDataset.reader.fget(self)
-        if tud.get_worker_info() is not None and not getattr(reader, "_crash", False):
-            note = reader.on_read
-
-            def on_read(text):
-                note(text)
-                if text is not None and "rows [2500," in text:
-                    if self.how == "kill":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    ctypes.string_at(0)  # a real segmentation fault, in native code
-
-            reader.on_read, reader._crash = on_read, True
-        return reader
-
-
 @pytest.mark.parametrize("how", ["segv", "kill"])
 def test_a_worker_killed_in_native_code_is_reported_with_the_file_and_rows(small_dir, how):
-    ds = _CrashesInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    ds = _FailsInNativeRead(small_dir, batch_size=2500, block_rows=2500)
     ds.how = how
     loader = make_loader(ds, num_workers=2)
     with pytest.raises(
