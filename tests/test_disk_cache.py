@@ -124,6 +124,27 @@ def test_workers_hand_kept_batches_over_by_reference(rows_dir, panel_dir, tmp_pa
         assert all(isinstance(b, (tuple, list)) for b in plain)
 
 
+def test_a_stateful_loader_resumes_a_handed_over_epoch(rows_dir, tmp_path):
+    """Batches handed over by reference count toward torchdata's state like any batch."""
+    pytest.importorskip("torchdata")
+    want = _epochs(_rows(rows_dir, "none", order="shuffle", seed=3), 2)[1]
+    ds = _rows(rows_dir, "disk", tmp_path, order="shuffle", seed=3)
+    loader = make_loader(ds, num_workers=2, stateful=True)
+    list(loader)  # epoch 0 fills the entry
+    head = []
+    for batch in loader:  # epoch 1, stopped after 3 batches
+        head.append(batch)
+        if len(head) == 3:
+            saved = loader.state_dict()
+            break
+    del loader
+    ds = _rows(rows_dir, "disk", tmp_path, order="shuffle", seed=3)
+    resumed = make_loader(ds, num_workers=2, stateful=True)
+    resumed.load_state_dict(saved)
+    got = head + list(resumed)
+    _same([[torch.cat([b[i] for b in got]).numpy() for i in range(2)]], [want])
+
+
 def _windows(source, cache, cache_dir=None, **kw):
     return TsFileWindowDataset(
         source,
