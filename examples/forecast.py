@@ -58,6 +58,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--plot", default=os.path.join(tempfile.gettempdir(), "forecast.png"))
     args = parser.parse_args(argv)
+    try:
+        import matplotlib  # noqa: F401 - checked before training, used at the end
+    except ImportError:
+        print("matplotlib is not installed: no plot (pip install -e '.[plot]' for one)")
+        args.plot = None
 
     if not os.path.isdir(args.data) or not any(
         n.endswith(".tsfile") for n in os.listdir(args.data)
@@ -71,6 +76,7 @@ def main(argv: list[str] | None = None) -> dict:
         horizon=args.horizon,
         columns=args.columns,
         targets=args.targets,
+        max_missing=0.0,  # your data may hold nulls: a window with one would make the loss NaN
     )
     # shuffle=True: windows shuffled within a buffer of 16 blocks, a new order each epoch
     train = TsFileWindowDataset(
@@ -127,6 +133,8 @@ def main(argv: list[str] | None = None) -> dict:
         prediction = model(x[None]).reshape(args.horizon, len(val.targets))
     inverse = val.normalizer.inverse
     context = inverse(x[:, [val.columns.index(t) for t in val.targets]], val.targets)
+    if args.plot is None:
+        return {"history": history, "plot": None}
     _plot(
         args.plot,
         val.window_info(0).device,

@@ -8,12 +8,14 @@ from the DataFrame that was written, with pandas / numpy only.
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from tsfile_torch import TsFileWindowDataset, collate_windows, make_loader
+from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, collate_windows, make_loader
 from tsfile_torch.convert import write_dataframe
 from tsfile_torch.errors import SchemaError
 
@@ -207,6 +209,20 @@ def test_fill_applies_to_nulls_on_the_tuple_route_too(panel):
         for k, s in _expected_windows(per_device, 5, 0)
     ]
     np.testing.assert_array_equal(x.numpy(), np.stack(expected))
+
+
+def test_nulls_that_reach_tuples_as_nan_are_announced_once_at_build(panel):
+    path, df, _ = panel
+    nulls = int(df[["load", "temp"]].isna().sum().sum())
+    with pytest.warns(UserWarning, match=rf"{nulls:,} values .* are null .* fill='zero'"):
+        TsFileWindowDataset(path, 5, 1)
+    with pytest.warns(UserWarning, match="torch.isnan"):  # rows: NaN whatever fill says
+        TsFileIterableDataset(path, batch_size=64, align="union")
+    with warnings.catch_warnings():  # masked, filled or dropped: nothing to announce
+        warnings.simplefilter("error")
+        TsFileWindowDataset(path, 5, 1, return_dict=True)
+        TsFileWindowDataset(path, 5, 1, fill="zero")
+        TsFileWindowDataset(path, 5, 1, max_missing=0.0)
 
 
 def test_time_features_in_seconds(tmp_path):

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -210,12 +211,17 @@ class DatasetCore:
             else None
         )
         _warn_inexact_integers(catalog, self.options.dtype)
+        _warn_nulls(catalog, self._nulls_hint())
         #: Applied to every value read (``normalize=``); hand it to a validation dataset.
         self.normalizer: Normalizer | None = self._make_normalizer(list(names))
         if self.options.cache == "disk":
             # create the entry (or warn that it cannot be used) once, here: workers only open it
             self._memory()
         self.close()  # readers used while building are not carried into workers
+
+    def _nulls_hint(self) -> str | None:
+        """What to do about nulls that reach the batches as NaN; None: they do not."""
+        return "mask them with torch.isnan(batch), or replace them with torch.nan_to_num"
 
     def _make_normalizer(self, names: list[str]) -> Normalizer | None:
         """Resolve ``normalize=`` for values named ``names`` (statistics of the rows in range)."""
@@ -620,6 +626,34 @@ def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
         f"{dtype} cannot represent every integer: values will be rounded; {hint}",
         stacklevel=5,
     )
+
+
+def _warn_nulls(catalog: Catalog, hint: str | None) -> None:
+    """Warn once per dataset when metadata counts nulls in the selected columns (Note: a NaN
+    in a batch makes a loss NaN, silently)."""
+    nulls = {
+        c.name: c.num_rows - c.num_values
+        for c in catalog.columns
+        if c.num_values is not None and c.num_values < c.num_rows
+    }
+    if hint is None or not nulls:
+        return
+    worst = sorted(nulls.items(), key=lambda kv: -kv[1])[:3]
+    shown = ", ".join(f"{name} ({count:,})" for name, count in worst)
+    more = f" and {len(nulls) - 3} more columns" if len(nulls) > 3 else ""
+    warnings.warn(
+        f"{sum(nulls.values()):,} values of the selected columns are null (metadata): "
+        f"{shown}{more}; they reach the batches as NaN, and one NaN makes a loss NaN: {hint}",
+        stacklevel=_callers_level(),
+    )
+
+
+def _callers_level() -> int:
+    """Return the ``stacklevel`` of the first frame outside tsfile_torch (the user's call)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("tsfile_torch"):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def warn_if_batch_exceeds_cache(options: ReadOptions, rows: int, num_columns: int) -> None:

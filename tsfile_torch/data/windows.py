@@ -678,6 +678,15 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         return WindowBatch(tuple(parts), tuple(keys))
 
     # -- blocks -----------------------------------------------------------------------------
+    def _nulls_hint(self) -> str | None:
+        if self.return_dict or self.options.fill == "zero" or self.max_missing == 0:
+            return None  # masked, filled, or the windows holding nulls are dropped
+        return (
+            "pass fill='zero' (or 'ffill': the last value read earlier in the window, NaN "
+            "before the first), max_missing=0.0 to drop the windows holding them, or "
+            "return_dict=True for observed masks"
+        )
+
     def _reader_overrides(self) -> dict:
         return {"cache_bytes": 0}  # blocks are cached here, assembled (Note: window blocks)
 
