@@ -222,3 +222,24 @@ def _parent_of(pid: int) -> int | None:
             return int(fh.read().rsplit(")", 1)[1].split()[1])
     except (OSError, ValueError, IndexError):
         return None
+
+
+def test_a_script_without_a_main_guard_is_told_where_spawned_workers_fail(tmp_path, small_dir):
+    """Spawned workers import the script: one that iterates its loader at module level kills
+    them while they start; the WorkerError says where to put the guard."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "from tsfile_torch import TsFileIterableDataset, make_loader\n"
+        f"ds = TsFileIterableDataset({str(small_dir)!r}, batch_size=500)\n"
+        "for batch in make_loader(ds, num_workers=1, multiprocessing_context='spawn', "
+        "timeout=5):\n"
+        "    pass\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode != 0
+    assert "WorkerError" in done.stderr, done.stderr[-2000:]
+    assert "workers started by spawn import your script first" in done.stderr
+    assert "if __name__ == '__main__':" in done.stderr

@@ -112,8 +112,12 @@ class _Pass:
             raise
         except (RuntimeError, ConnectionError, EOFError) as err:
             self._end()
+            context = self._loader.multiprocessing_context
             better = explain_worker_failure(
-                err, self._loader.dataset._slots, getattr(self._inner, "_workers", ())
+                err,
+                self._loader.dataset._slots,
+                getattr(self._inner, "_workers", ()),
+                context.get_start_method() if context is not None else None,
             )
             if better is None:
                 raise

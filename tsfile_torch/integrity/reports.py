@@ -80,7 +80,7 @@ def _dead_workers(workers) -> dict[int, str]:
 
 
 def explain_worker_failure(
-    err: BaseException, slots: ReadSlots | None, workers=()
+    err: BaseException, slots: ReadSlots | None, workers=(), start_method: str | None = None
 ) -> WorkerError | None:
     """Return a WorkerError naming the read in progress if ``err`` is a worker death / timeout.
 
@@ -89,6 +89,7 @@ def explain_worker_failure(
         slots: the dataset's read slots.
         workers: the iterator's worker processes; a broken pipe or connection counts as a
             worker death when one of them has exited.
+        start_method: how the workers were started (``"fork"``, ``"forkserver"``, ``"spawn"``).
     """
     message = str(err)
     if isinstance(err, RuntimeError):
@@ -125,6 +126,12 @@ def explain_worker_failure(
             else "the failure is not in tsfile's reader: look for an out-of-memory kill or a "
             "signal sent to the worker"
         )
+        if start_method in ("spawn", "forkserver"):
+            hint += (
+                f"; workers started by {start_method} import your script first: if it builds "
+                f"and iterates the loader at module level, move that under "
+                f"`if __name__ == '__main__':` (an error saying so is printed above)"
+            )
     report = crash_reports(pids or set(named)) if not timed_out else ""
     return WorkerError(f"{message.strip()}: {what}; {hint}{report}")
 
