@@ -190,12 +190,13 @@ REFUSALS = {
         _frame(Temp=[1.0, 2.0, 3.0]),
         {},
         r"column 'Temp': TsFile stores names in lower case .*would write 'temp'\); rename it "
-        r"first, e\.g\. df\.rename\(columns=str\.lower\)",
+        r"first \(pandas: df\.rename\(columns=str\.lower\); a CSV: its header\)",
     ),
     "upper-case table": (
         _frame(),
         {"table": "Weather"},
-        r"table 'Weather': TsFile stores names in lower case",
+        r"table 'Weather': TsFile stores names in lower case .*pass table='weather' "
+        r"\(command line: --table weather\)",
     ),
     "dot in a field name": (
         _frame(**{"a.b": [1.0, 2.0, 3.0]}),
@@ -271,7 +272,7 @@ REFUSALS = {
     "no time column": (
         _frame(),
         {"time": "ts"},
-        r"time column 'ts' is neither a column nor the index of df",
+        r"time column 'ts' is neither a column nor the index of the data",
     ),
     "a field named time": (
         _frame(ts=[1, 2, 3]),
@@ -282,7 +283,7 @@ REFUSALS = {
     "unknown tag": (
         _frame(),
         {"tags": ["dev", "nope"]},
-        r"tag column 'nope' is not a column of df",
+        r"tag column 'nope' is not a column of the data",
     ),
     "no fields": (_frame(v=None), {}, r"df has no field columns"),
     "no rows": (_frame().iloc[:0], {}, r"df has no rows"),
@@ -365,7 +366,7 @@ def test_convert_command_reads_csv_and_parquet_with_iso_times(tmp_path, capsys, 
     [
         ([], r"out.tsfile: file exists; pass overwrite=True \(--overwrite\) to replace"),
         (["--types", "n"], r"--types takes COLUMN=TYPE pairs separated by commas; got 'n'"),
-        (["--tags", "Site"], r"tag column 'Site' is not a column of df"),
+        (["--tags", "Site"], r"tag column 'Site' is not a column of the data"),
     ],
 )
 def test_convert_command_errors_are_one_line_and_exit_2(tmp_path, capsys, extra, message):

@@ -182,10 +182,14 @@ def _check_name(what: str, name: Any, dotted: bool) -> None:
     if not isinstance(name, str) or not name:
         raise ValueError(f"{what} {name!r}: names must be non-empty strings")
     if name != name.lower():
+        fix = (
+            f"pass table={name.lower()!r} (command line: --table {name.lower()})"
+            if what == "table"
+            else "rename it first (pandas: df.rename(columns=str.lower); a CSV: its header)"
+        )
         raise ValueError(
             f"{what} {name!r}: TsFile stores names in lower case (tsfile's writer would write "
-            f"{name.lower()!r}); rename it first, e.g. df.rename(columns=str.lower), so the "
-            f"names you read back are the names you wrote"
+            f"{name.lower()!r}); {fix}, so the names you read back are the names you wrote"
         )
     if dotted and "." in name:
         raise ValueError(
@@ -207,12 +211,16 @@ def _check_columns(df, table, tags, time, types) -> tuple[list[str], dict[str, s
         raise ValueError(f"df has several columns named {repeated}; names must be unique")
     if time not in columns and df.index.name != time:
         raise ValueError(
-            f"time column {time!r} is neither a column nor the index of df (columns: "
-            f"{columns}); pass time=<the column holding the timestamps>"
+            f"time column {time!r} is neither a column nor the index of the data (columns: "
+            f"{columns}); pass time=<the column holding the timestamps> (command line: "
+            f"--time COLUMN)"
         )
     for name in tags:
         if name not in columns:
-            raise ValueError(f"tag column {name!r} is not a column of df (columns: {columns})")
+            raise ValueError(
+                f"tag column {name!r} is not a column of the data (columns: {columns}); pass "
+                f"tags=[...] (command line: --tags a,b) naming the columns that identify a device"
+            )
         if name == time:
             raise ValueError(f"column {name!r} cannot be both the time column and a tag")
         _check_name("tag column", name, dotted=False)
