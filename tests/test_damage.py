@@ -246,3 +246,52 @@ def test_map_style_dataset_without_set_epoch_notices_a_truncation(tmp_path, pris
 @pytest.mark.parametrize("change", CHANGES)
 def test_file_change_sweep(tmp_path, pristine, change, kind):
     _change_case(tmp_path, pristine, change, kind, 0)
+
+
+# A file IoTDB-style: 2 devices x 3 DOUBLE x 30,000 rows, flushed every 7,000 rows (5 chunks per
+# series). The marker of device d0's second time-chunk header flipped: tsfile skips that chunk
+# and carries on, so every later row of d0 comes from 7,000 rows further on, with timestamps and
+# values that agree with each other. Read lazily, the timeline index handed out 3,000 such rows
+# (batch 1) with one device selected before the row count was checked at the end.
+MULTI_CHUNK = synthetic.DatasetSpec(1, 2, 3, ROWS)
+
+
+@pytest.fixture(scope="module")
+def skipped_chunk(tmp_path_factory) -> Path:
+    directory = tmp_path_factory.mktemp("chunks")
+    [path] = synthetic.write_table_files(directory, MULTI_CHUNK, flush_every=7000)
+    data = bytearray(Path(path).read_bytes())
+    # time-chunk headers: marker 0x85, empty name, data size varint, INT64 / LZ4 / TS_2DIFF
+    headers = [
+        i
+        for i in range(len(data) - 7)
+        if data[i : i + 2] == b"\x85\x00" and data[i + 4 : i + 7] == b"\x06\x07\x04"
+    ]
+    data[headers[1]] ^= 0xFF
+    damaged = directory / "damaged.tsfile"
+    damaged.write_bytes(bytes(data))
+    return damaged
+
+
+@pytest.mark.parametrize("devices", ["one", "all"])
+@pytest.mark.parametrize("kind", ["rows", "windows"])
+def test_a_skipped_later_chunk_is_an_error_before_any_row_is_handed_out(
+    skipped_chunk, kind, devices
+):
+    from tsfile_torch import TsFileDataset, TsFileFormatError, TsFileWindowDataset
+
+    common = {"dtype": "float64", "block_rows": 5000, "index_cache": False}
+    if kind == "rows":
+        columns = "t.d0.*" if devices == "one" else None
+        ds = TsFileDataset(skipped_chunk, columns, batch_size=5000, **common)
+        first = lambda: ds[0]  # noqa: E731
+    else:
+        chosen = ["t.d0"] if devices == "one" else None
+        ds = TsFileWindowDataset(skipped_chunk, 500, stride=500, devices=chosen, **common)
+        first = lambda: ds.__getitems__([0])  # noqa: E731
+    with pytest.raises(TsFileFormatError) as caught:
+        first()  # the first batch already: nothing from the wrong place was handed out
+    message = str(caught.value)
+    assert message.startswith(f"{skipped_chunk}: device t.d0: the time column read"), message
+    assert "returned 23000 timestamps, which disagrees with the metadata's 30000 rows" in message
+    assert "damaged" in message and "align=" not in message
