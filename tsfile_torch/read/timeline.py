@@ -84,6 +84,9 @@ class TimeIndex:
         #: where a complete index is saved (:func:`open_index`; ``None``: not saved)
         self.cache_path: str | None = None
         count = -(-num_rows // stride)
+        #: whether the rows from the last mark to the end were counted (loaded marks: by
+        #: the check on load)
+        self._to_end = marks is not None
         if marks is not None:
             self.marks, self.known = marks, count
         else:
@@ -104,11 +107,31 @@ class TimeIndex:
         """
         first = start // self.stride
         last = -(-stop // self.stride)
-        step = max(1, LEARN_ROWS // self.stride)
-        while not self.complete:  # Note: whole time column first
-            self._learn(min(self.known - 1 + step, len(self.marks) - 1))
+        self.learn()
         end_time = int(self.marks[last]) - 1 if last < len(self.marks) else self.end_time
         return int(self.marks[first]), end_time, start - first * self.stride
+
+    def learn(self) -> None:
+        """Learn every mark, reading the time column to the group's end (Note: whole time
+        column first).
+
+        Raises:
+            TsFileFormatError: the time column disagrees with the metadata's row count or its
+                timestamps do not increase strictly (a damaged file).
+        """
+        step = max(1, LEARN_ROWS // self.stride)
+        while not self.complete:
+            self._learn(min(self.known - 1 + step, len(self.marks) - 1))
+        if not self._to_end:  # the last mark was learned by a read that stopped short of the end
+            base = len(self.marks) - 1
+            t0 = int(self.marks[base])
+            times = self._fetch(t0, self.end_time)
+            increasing = not bool(np.any(times[1:] <= times[:-1]))
+            if len(times) != self.num_rows - base * self.stride or times[0] != t0 or not increasing:
+                raise TsFileFormatError(
+                    self._damaged(base * self.stride, t0, self.end_time, len(times))
+                )
+            self._to_end = True
 
     def _learn(self, mark: int) -> None:
         """Make marks ``0..mark`` known by reading the time column forward."""
@@ -127,8 +150,10 @@ class TimeIndex:
             self.marks[self.known : self.known + take] = new[:take]
             self.known += take
             read_to = base * self.stride + len(times)
-            if t1 >= self.end_time and read_to != self.num_rows:
-                raise TsFileFormatError(self._damaged(base * self.stride, t0, t1, len(times)))
+            if t1 >= self.end_time:
+                if read_to != self.num_rows:
+                    raise TsFileFormatError(self._damaged(base * self.stride, t0, t1, len(times)))
+                self._to_end = True
             if self.known <= mark:
                 self._step *= 2  # sampled more sparsely than the mean here: widen the next read
 
