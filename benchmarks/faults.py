@@ -376,55 +376,37 @@ def scenario_flip(case: Case, data: Path, work: Path) -> dict:
     return {"rows": read_all(ds, case.kind, judge, case.workers, epochs=2)}
 
 
+def _live_dataset(case: Case, work: Path):
+    """A dataset over ``work/live.tsfile`` with its index cache in ``work/index``."""
+    return _dataset(
+        case.kind,
+        str(work / "live.tsfile"),
+        options={"index_cache": str(work / "index")},
+        block_rows=2000,
+        **({"batch_size": 2000} if case.kind == "rows" else {}),
+    )
+
+
 def scenario_poison(case: Case, data: Path, work: Path) -> dict:
     """Publish a new file over a live one with os.replace mid-epoch (index cache on); then a
     new process must read the new file exactly."""
     live = _copy(data / "live/v0.tsfile", work, "live.tsfile")
     new = _copy(data / "live/v1.tsfile", work, "next.tsfile")
-    index = work / "index"
-    options = {"index_cache": str(index)}
-    ds = _dataset(
-        case.kind,
-        str(live),
-        options=options,
-        block_rows=2000,
-        **({"batch_size": 2000} if case.kind == "rows" else {}),
-    )
-    read_all(ds, case.kind, Judge(data / "truth.npz", "live0"), 0)  # a whole pass: index saved
+    read_all(_live_dataset(case, work), case.kind, Judge(data / "truth.npz", "live0"), 0)
 
     def after(i):
         if i == 1:
             os.replace(new, live)
 
     first = None
-    try:
-        ds = _dataset(
-            case.kind,
-            str(live),
-            options=options,
-            block_rows=2000,
-            **({"batch_size": 2000} if case.kind == "rows" else {}),
-        )
-        read_all(ds, case.kind, Judge(data / "truth.npz", "live0"), 0, after)
-        if os.path.exists(new):
-            os.replace(new, live)
+    try:  # a whole pass above saved the index; this one sees the file replaced
+        read_all(_live_dataset(case, work), case.kind, Judge(data / "truth.npz", "live0"), 0, after)
     except Exception as err:  # judged below: the second process must read the new file
         first = f"{type(err).__name__}: {err}"
-        if os.path.exists(new):
-            os.replace(new, live)
+    if os.path.exists(new):
+        os.replace(new, live)
     proc = subprocess.run(
-        [
-            sys.executable,
-            __file__,
-            "--run-case",
-            case.name,
-            "--data",
-            str(data),
-            "--work",
-            str(work),
-            "--phase",
-            "2",
-        ],
+        _case_command(case, data, work, "--phase", "2"),
         capture_output=True,
         text=True,
         timeout=120,
@@ -441,13 +423,7 @@ def scenario_poison(case: Case, data: Path, work: Path) -> dict:
 
 
 def scenario_poison_phase2(case: Case, data: Path, work: Path) -> dict:
-    ds = _dataset(
-        case.kind,
-        str(work / "live.tsfile"),
-        block_rows=2000,
-        options={"index_cache": str(work / "index")},
-        **({"batch_size": 2000} if case.kind == "rows" else {}),
-    )
+    ds = _live_dataset(case, work)
     return {"rows": read_all(ds, case.kind, Judge(data / "truth.npz", "live1"), 0)}
 
 
@@ -638,6 +614,15 @@ def _last_json(text: str) -> dict | None:
     return None
 
 
+def _case_command(case: Case, data: Path, work: Path, *more: str) -> list[str]:
+    """The command line that runs ``case`` in a process of its own."""
+    return [sys.executable, __file__, "--run-case", case.name, "--data", str(data)] + [
+        "--work",
+        str(work),
+        *more,
+    ]
+
+
 def launch(case: Case, data: Path, work: Path, timeout: float) -> dict:
     """Run ``case`` in a subprocess; a signal is ``crash``, the timeout ``hang``."""
     shutil.rmtree(work, ignore_errors=True)
@@ -649,20 +634,10 @@ def launch(case: Case, data: Path, work: Path, timeout: float) -> dict:
             [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")]
         ),
     }
-    cmd = [
-        sys.executable,
-        __file__,
-        "--run-case",
-        case.name,
-        "--data",
-        str(data),
-        "--work",
-        str(work),
-    ]
     start = time.perf_counter()
     try:
         proc = subprocess.run(
-            cmd,
+            _case_command(case, data, work),
             capture_output=True,
             text=True,
             timeout=timeout,
