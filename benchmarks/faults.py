@@ -725,9 +725,9 @@ def main(argv: list[str] | None = None) -> int:
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     with contextlib.suppress(ImportError):
-        import tsfile
+        from importlib.metadata import version
 
-        env["tsfile"] = getattr(tsfile, "__version__", "?")
+        env["tsfile"] = version("tsfile")
     out = args.out / "faults.json"
     out.write_text(json.dumps({"environment": env, "passed": ok, "cases": records}, indent=1))
     print(f"written {out}")
