@@ -294,10 +294,11 @@ _MD5 = re.compile(r"[0-9a-f]{32}")
 
 
 def _md5_of(protocol: str, info: Mapping[str, Any]) -> str | None:
-    """Return the MD5 of the object's bytes where its S3 ETag is one, else None.
+    """Return the MD5 of the object's bytes where its S3 ETag may be one, else None.
 
     An ETag is the MD5 of the content for a single-part upload stored unencrypted or with
-    SSE-S3; a multipart ETag has a ``-``, and SSE-KMS / SSE-C ETags are something else.
+    SSE-S3; a multipart ETag has a ``-``, and SSE-KMS / SSE-C ETags are something else (a
+    listing may not say which: :func:`_etag_is_md5` asks when the MD5 disagrees).
     """
     if protocol not in ("s3", "s3a"):
         return None
@@ -592,6 +593,21 @@ def _copy_hashing(src, dst, remote: RemoteFile) -> dict[str, Any]:
     return digests
 
 
+def _etag_is_md5(remote: RemoteFile) -> bool:
+    """Return whether the object's ETag is the MD5 of its bytes, asked of the store (one HEAD).
+
+    Not for SSE-KMS or SSE-C encrypted objects, whose ETags are something else; s3fs's listings
+    do not say how an object is encrypted, so this is asked only when the MD5 disagrees.
+    """
+    fs = _filesystem(remote.url, remote.options)
+    if not hasattr(fs, "call_s3"):
+        return True
+    bucket, key, _ = fs.split_path(remote.url)
+    head = fs.call_s3("head_object", Bucket=bucket, Key=key)
+    encrypted = "kms" in str(head.get("ServerSideEncryption", "")).lower()
+    return not (encrypted or head.get("SSECustomerAlgorithm"))
+
+
 def _check_digests(remote: RemoteFile, digests: dict[str, Any]) -> None:
     """Raise RemoteError if the downloaded bytes differ from the manifest or the ETag."""
     if remote.listed is not None:
@@ -606,7 +622,7 @@ def _check_digests(remote: RemoteFile, digests: dict[str, Any]) -> None:
             )
     if remote.md5 is not None:
         got = digests["md5"].hexdigest()
-        if got != remote.md5:
+        if got != remote.md5 and _etag_is_md5(remote):
             raise RemoteError(
                 f"{remote.url}: the downloaded bytes have MD5 {got}, the store's ETag says "
                 f"{remote.md5}: the download was corrupted; not kept in the cache, the next "
