@@ -110,6 +110,7 @@ def corpus() -> list[Case]:
             f"{change}-mid-epoch", "change", workers=(0, 2), expect="exact", args={"change": change}
         )
     add("read-only-remote-cache-dir", "readonly_cache", expect="clear")
+    add("remote-object-differs-from-manifest", "remote_manifest", expect="clear")
     add("full-index-cache-dir", "full_index", expect="exact")
     add("batch_size=2**63", "argument", kinds=("rows",), args={"arg": "batch_size"})
     add("stride=2**63", "argument", kinds=("windows",), args={"arg": "stride"})
@@ -449,6 +450,23 @@ def scenario_readonly_cache(case: Case, data: Path, work: Path) -> dict:
     return {"rows": read_all(ds, case.kind, Judge(data / "truth.npz", "base"), case.workers)}
 
 
+def scenario_remote_manifest(case: Case, data: Path, work: Path) -> dict:
+    """memory:// objects with a manifest beside them, written before one object was damaged
+    (a flipped value byte: plausible values): reading it must fail, naming its URL."""
+    import fsspec
+
+    from tsfile_torch.integrity.manifest import MANIFEST_NAME, write_manifest
+
+    path = _copy(data / "base/part000.tsfile", work / "up")
+    write_manifest(work / "up")
+    _flip(path, "walk:4")
+    fs = fsspec.filesystem("memory")
+    for name in (path.name, MANIFEST_NAME):
+        fs.pipe(f"/faults-manifest/{name}", (work / "up" / name).read_bytes())
+    ds = _dataset(case.kind, "memory://faults-manifest/", options={"cache_dir": str(work / "c")})
+    return {"rows": read_all(ds, case.kind, Judge(data / "truth.npz", "base"), case.workers)}
+
+
 def scenario_full_index(case: Case, data: Path, work: Path) -> dict:
     """The index cache cannot be written (no file may grow past 64 bytes while reading)."""
     import resource
@@ -570,6 +588,8 @@ def _names_of(case: Case) -> list[str]:
         return {"getitems": ["__getitems__"], "numpy": ["should be"]}.get(arg, [arg])
     if case.scenario == "readonly_cache":
         return ["cache_dir"]
+    if case.scenario == "remote_manifest":
+        return ["faults-manifest/part000.tsfile: content differs from the manifest"]
     if case.scenario == "skip":
         return ["part0"]
     return [".tsfile"]
