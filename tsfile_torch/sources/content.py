@@ -47,7 +47,9 @@ from tsfile_torch.options import user_cache_dir
 
 __all__ = [
     "ALGORITHM",
+    "MANIFEST_FORMAT",
     "MANIFEST_NAME",
+    "MANIFEST_VERSION",
     "FileIdentity",
     "ManifestEntry",
     "atomic_write",
