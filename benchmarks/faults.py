@@ -36,6 +36,7 @@ import ctypes
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,19 @@ def corpus() -> list[Case]:
         workers=(0, 2),
         args={"file": "chunks", "where": "later-chunk:name-length", "devices": "one"},
     )
+    for manifest in (False, True):
+        add(
+            f"later-value-chunk-header{'+manifest' if manifest else ''}",
+            "flip",
+            workers=(0,) if manifest else (0, 2),
+            expect="clear" if manifest else "either",
+            args={
+                "file": "chunks",
+                "where": "later-value-chunk",
+                "devices": "one",
+                "manifest": manifest,
+            },
+        )
     add("chunk-size-byte", "flip", args={"file": "base", "where": "chunk-size"})
     add("chunk-name-byte", "flip", args={"file": "base", "where": "chunk-name"})
     add("metadata-name-byte", "flip", args={"file": "base", "where": "metadata-name"})
@@ -208,6 +222,9 @@ def damage_offset(data: bytes, where: str) -> int:
             if data[i : i + 2] == b"\x85\x00" and data[i + 4 : i + 7] == b"\x06\x07\x04"
         ]
         return headers[1] + (1 if where.endswith(":name-length") else 0)
+    if where == "later-value-chunk":  # the name length of s1's second value-chunk header
+        headers = [m.start() for m in re.finditer(rb"[\x41\x45]\x04s1", data)]
+        return headers[1] + 1
     if where == "chunk-size":  # the high byte of s1's value-chunk size varint
         return data.index(b"\x04s1") + 5
     if where == "chunk-name":
