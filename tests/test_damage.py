@@ -237,3 +237,91 @@ def test_map_style_dataset_without_set_epoch_notices_a_truncation(run_python, tm
 @pytest.mark.parametrize("change", CHANGES)
 def test_file_change_sweep(run_python, tmp_path, pristine, change, kind):
     _change_case(run_python, tmp_path, pristine, change, kind, 0)
+
+
+# A file IoTDB-style: 2 devices x 3 DOUBLE x 30,000 rows, flushed every 7,000 rows (5 chunks per
+# series), with d0's second time-chunk header damaged. Its marker flipped: tsfile skips that
+# chunk and carries on, so every later row of d0 comes from 7,000 rows further on, timestamps and
+# values agreeing with each other (read lazily, the timeline index handed out 3,000 such rows
+# with one device selected before the row count was checked at the end). Its name length
+# flipped: tsfile's reader crashes (SIGSEGV) when it reaches that chunk.
+MULTI_CHUNK = synthetic.DatasetSpec(1, 2, 3, ROWS)
+
+
+def _later_chunk_damaged(directory: Path, offset: int) -> Path:
+    [path] = synthetic.write_table_files(directory, MULTI_CHUNK, flush_every=7000)
+    data = bytearray(Path(path).read_bytes())
+    # time-chunk headers: marker 0x85, empty name, data size varint, INT64 / LZ4 / TS_2DIFF
+    headers = [
+        i
+        for i in range(len(data) - 7)
+        if data[i : i + 2] == b"\x85\x00" and data[i + 4 : i + 7] == b"\x06\x07\x04"
+    ]
+    data[headers[1] + offset] ^= 0xFF
+    damaged = directory / "damaged.tsfile"
+    damaged.write_bytes(bytes(data))
+    return damaged
+
+
+@pytest.fixture(scope="module")
+def skipped_chunk(tmp_path_factory) -> Path:
+    return _later_chunk_damaged(tmp_path_factory.mktemp("chunks"), 0)
+
+
+def _first_batch(path, kind: str, one_device: bool, validate: bool):
+    from tsfile_torch import TsFileDataset, TsFileWindowDataset
+
+    common = {"dtype": "float64", "block_rows": 5000, "index_cache": False, "validate": validate}
+    if kind == "rows":
+        ds = TsFileDataset(path, "t.d0.*" if one_device else None, batch_size=5000, **common)
+        return ds[0]
+    ds = TsFileWindowDataset(
+        path, 500, stride=500, devices=["t.d0"] if one_device else None, **common
+    )
+    return ds.__getitems__([0])
+
+
+@pytest.mark.parametrize("devices", ["one", "all"])
+@pytest.mark.parametrize("kind", ["rows", "windows"])
+def test_a_skipped_later_chunk_is_an_error_before_any_row_is_handed_out(
+    skipped_chunk, kind, devices
+):
+    from tsfile_torch import TsFileFormatError
+
+    # validate=False: the reading process's own guard (the whole time column before a read)
+    with pytest.raises(TsFileFormatError) as caught:
+        _first_batch(skipped_chunk, kind, devices == "one", validate=False)
+    message = str(caught.value)
+    assert message.startswith(f"{skipped_chunk}: device t.d0: the time column read"), message
+    assert "returned 23000 timestamps, which disagrees with the metadata's 30000 rows" in message
+    assert "damaged" in message and "align=" not in message
+
+
+def test_a_skipped_later_chunk_fails_validation_at_build(skipped_chunk):
+    from tsfile_torch import TsFileFormatError
+
+    with pytest.raises(
+        TsFileFormatError,
+        match=r"device t\.d0: the time column read .* returned "
+        r"23000 timestamps",
+    ) as caught:
+        _first_batch(skipped_chunk, "rows", one_device=True, validate=True)
+    assert str(caught.value).startswith(f"{skipped_chunk}: ")
+
+
+# Builds a dataset (validate=True) over a file whose later chunk header crashes tsfile's reader.
+CRASHING_CHUNK = r"""
+import sys
+from tsfile_torch import TsFileDataset, TsFileFormatError
+try:
+    TsFileDataset(sys.argv[1], "t.d0.*", batch_size=5000, index_cache=False)[0]
+except TsFileFormatError as err:
+    print(err)
+"""
+
+
+def test_a_later_chunk_header_that_crashes_the_reader_fails_validation(tmp_path, run_python):
+    path = _later_chunk_damaged(tmp_path, 1)  # its name length
+    proc = run_python(CRASHING_CHUNK, str(path))
+    assert proc.returncode == 0, proc.stderr[-2000:]  # the crash stayed in the child
+    assert proc.stdout.startswith(f"{path}: tsfile's native reader crashed on this file"), proc

@@ -650,3 +650,15 @@ def test_a_device_without_rows_in_the_time_range_has_no_windows(panel_dir):
         np.testing.assert_array_equal(
             ds[i].numpy(), _device_rows(d, np.arange(first, first + 6), [0, 1, 2])
         )
+
+
+def test_no_window_indices_give_an_empty_batch(panel_dir):
+    from tsfile_torch import MixedWindows
+
+    ds = TsFileWindowDataset(panel_dir, 24, 8, return_timestamps=True)
+    x, y, tx, ty = collate_windows(ds.__getitems__([]))
+    assert (x.shape, y.shape, tx.shape, ty.shape) == ((0, 24, 3), (0, 8, 3), (0, 24), (0, 8))
+    as_dicts = TsFileWindowDataset(panel_dir, 24, return_dict=True)
+    assert collate_windows(as_dicts.__getitems__([]))["past_values"].shape == (0, 24, 3)
+    mix = MixedWindows([ds, ds], num_samples=10)
+    assert collate_windows(mix.__getitems__([]))[0].shape == (0, 24, 3)

@@ -154,8 +154,10 @@ class MixedWindows(DatasetCore, tud.Dataset):
         """Return the windows ``indices`` (each read by its own dataset) as one batch."""
         idx = np.asarray(indices, dtype=np.int64)
         n = len(self)
-        if not len(idx) or ((idx < 0) | (idx >= n)).any():
+        if ((idx < 0) | (idx >= n)).any():
             raise IndexError(f"window indices must be in [0, {n}); got {idx.tolist()[:8]}")
+        if not len(idx):  # an empty batch, as slicing gives
+            return self.datasets[0].__getitems__([])
         which = np.searchsorted(self._offsets, idx, side="right") - 1
         order = np.argsort(which, kind="stable")
         pieces = []

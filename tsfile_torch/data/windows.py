@@ -548,9 +548,11 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         return self.__getitems__([index])[0]
 
     def __getitems__(self, indices: Sequence[int]) -> WindowBatch:
-        """Return the windows ``indices`` as a :class:`WindowBatch` (Note: window blocks)."""
-        if not len(indices):
-            raise IndexError("__getitems__ needs at least one window index")
+        """Return the windows ``indices`` as a :class:`WindowBatch` (Note: window blocks).
+
+        No indices give an empty batch (zero windows, the usual shapes otherwise), as slicing
+        does.
+        """
         self._start_epoch(self.epoch or 0)
         length = self.context_length + self.horizon
         k, start = self._locate(indices)
@@ -560,6 +562,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         values = _batch_array((len(k), length, len(self.fields)), dtype)
         keep_times = self.options.return_timestamps or self.return_dict
         times = _batch_array((len(k), length), np.int64) if keep_times else None
+        if not len(k):
+            return self._items(values, times, k)
         store = self._device_store()
         if store is not None:  # every device kept whole, in one array: one gather
             if not store.known_whole():

@@ -16,8 +16,9 @@ hashed again. A verified file's identity carries its hash, which settles a later
 change exactly (Note: content-relevant identity).
 
 A file that the nearest manifest does not list (added after the manifest was written) is not
-checked; a dataset warns about it. URL and file-object sources are not checked against
-manifests.
+checked; a dataset warns about it. URL sources are checked against a manifest beside them
+(same prefix) after each download, before the local copy is kept (Note: remote sources in
+:mod:`tsfile_torch.sources.remote`); file objects are not checked against manifests.
 """
 
 from __future__ import annotations
@@ -32,7 +33,17 @@ from dataclasses import dataclass, field
 from tsfile_torch.errors import TsFileFormatError
 from tsfile_torch.integrity.validate import FileProblem
 from tsfile_torch.sources import LocalFile, Source
-from tsfile_torch.sources.content import ALGORITHM, FileIdentity, atomic_write, file_hash
+from tsfile_torch.sources.content import (
+    ALGORITHM,
+    MANIFEST_FORMAT,
+    MANIFEST_NAME,
+    MANIFEST_VERSION,
+    FileIdentity,
+    ManifestEntry,
+    atomic_write,
+    file_hash,
+    parse_manifest,
+)
 
 __all__ = [
     "MANIFEST_NAME",
@@ -41,17 +52,8 @@ __all__ = [
     "write_manifest",
 ]
 
-MANIFEST_NAME = "tsfile-torch-manifest.json"
-_FORMAT = "tsfile-torch-manifest"
-_VERSION = 1
 #: files hashed at once (hashlib releases the GIL while hashing)
 _HASH_THREADS = min(4, os.cpu_count() or 1)
-
-
-@dataclass(frozen=True)
-class _Entry:
-    size: int
-    hash: str
 
 
 def _tsfiles(directory: str) -> list[str]:
@@ -98,33 +100,26 @@ def write_manifest(directory: str | os.PathLike) -> tuple[str, int, int]:
         }
         for p, (identity, digest) in zip(paths, hashed, strict=True)
     ]
-    record = {"format": _FORMAT, "version": _VERSION, "algorithm": ALGORITHM, "files": files}
+    record = {
+        "format": MANIFEST_FORMAT,
+        "version": MANIFEST_VERSION,
+        "algorithm": ALGORITHM,
+        "files": files,
+    }
     path = os.path.join(directory, MANIFEST_NAME)
     text = json.dumps(record, indent=1) + "\n"
     atomic_write(path, lambda fh: fh.write(text.encode()), cache=False)
     return path, len(files), sum(f["size"] for f in files)
 
 
-def _load(path: str) -> dict[str, _Entry]:
+def _load(path: str) -> dict[str, ManifestEntry]:
     """Return relative path -> entry of the manifest at ``path``."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            record = json.load(fh)
-    except (OSError, ValueError) as err:
+        with open(path, "rb") as fh:
+            text = fh.read()
+    except OSError as err:
         raise TsFileFormatError(f"{path}: cannot read the manifest ({err})") from err
-    if not isinstance(record, dict) or record.get("format") != _FORMAT:
-        raise TsFileFormatError(
-            f"{path}: not a tsfile-torch manifest; write one with `tsfile-torch manifest DIR`"
-        )
-    if record.get("algorithm") != ALGORITHM:
-        raise TsFileFormatError(
-            f"{path}: manifest hashes use {record.get('algorithm')!r}; this version of "
-            f"tsfile-torch checks {ALGORITHM!r}: write it again with `tsfile-torch manifest DIR`"
-        )
-    try:
-        return {f["path"]: _Entry(int(f["size"]), str(f["hash"])) for f in record["files"]}
-    except (KeyError, TypeError, ValueError) as err:
-        raise TsFileFormatError(f"{path}: malformed manifest entry ({err!r})") from err
+    return parse_manifest(text, path)
 
 
 class _Manifests:
@@ -132,7 +127,7 @@ class _Manifests:
 
     def __init__(self):
         self._by_dir: dict[str, str | None] = {}
-        self._loaded: dict[str, dict[str, _Entry]] = {}
+        self._loaded: dict[str, dict[str, ManifestEntry]] = {}
 
     def nearest(self, directory: str) -> str | None:
         """Return the manifest in ``directory`` or the nearest directory above it."""
@@ -145,7 +140,7 @@ class _Manifests:
                 self._by_dir[directory] = None if parent == directory else self.nearest(parent)
         return self._by_dir[directory]
 
-    def lookup(self, path: str) -> tuple[str, _Entry | None] | None:
+    def lookup(self, path: str) -> tuple[str, ManifestEntry | None] | None:
         """Return ``(manifest path, entry or None when unlisted)``; None without a manifest."""
         manifest = self.nearest(os.path.dirname(path))
         if manifest is None:
@@ -185,7 +180,7 @@ def check_manifests(sources: Sequence[Source], force: bool = False) -> ManifestC
     """
     out = ManifestCheck()
     manifests = _Manifests()
-    todo: list[tuple[Source, str, _Entry]] = []
+    todo: list[tuple[Source, str, ManifestEntry]] = []
     for source in sources:
         path = source.local_path()
         found = manifests.lookup(path) if path is not None else None
@@ -208,7 +203,7 @@ def check_manifests(sources: Sequence[Source], force: bool = False) -> ManifestC
     return out
 
 
-def _check_one(source: Source, manifest: str, entry: _Entry, force: bool):
+def _check_one(source: Source, manifest: str, entry: ManifestEntry, force: bool):
     """Return (problem or None, verified identity, source)."""
     try:
         identity = source.identity()

@@ -10,11 +10,20 @@ row need no index entry (the group's time range comes from metadata).
 
 Building an index reads the time column of the group once, through its first series queried as
 two columns (see :func:`tsfile_torch.native.queries.query_times`; measured on a 2M-row,
-8-DOUBLE file: 69 ms, against 211 ms to read all 8 series). It is learned lazily, in the
-process that reads, as
-far as reads need it, and kept for the life of that process; once complete and with an index
-cache directory it is also saved there, so later builds of the same dataset, other DataLoader
-workers and later runs load it instead of reading.
+8-DOUBLE file: 69 ms, against 211 ms to read all 8 series), in the process that reads, before
+its first read through the index, and is kept for the life of that process; with an index cache
+directory it is also saved there, so later builds of the same dataset, other DataLoader workers
+and later runs load it instead of reading.
+
+Note: whole time column first. The index is learned to the group's end (in stretches of at most
+:data:`LEARN_ROWS` rows) before any row is read through it, and must then hold exactly the
+metadata's row count, in strictly increasing timestamps. A damaged chunk or page header can make
+tsfile skip a chunk and carry on: every later row then comes from the wrong place, with
+timestamps and values that agree with each other (measured: a flipped chunk marker in the
+second of five chunks of one device handed out 3,000 rows of the wrong times before the count
+was checked at the end). Learned lazily, such rows were handed out before the end of the index
+was reached; learned whole, the missing rows are a TsFileFormatError before the first batch.
+Cost: one pass over the time column per group and process (or a cache load).
 
 Note: index cache. A saved index is keyed by the identity of the file its marks were read from:
 the identity the reader was opened on (path, size, mtime, ctime, inode, device; see
@@ -44,17 +53,18 @@ logger = logging.getLogger(__name__)
 
 #: Rows between two index entries.
 DEFAULT_INDEX_STRIDE = 1024
+#: Most timestamps read by one query while learning an index (8 MiB of int64).
+LEARN_ROWS = 1 << 20
 
 
 class TimeIndex:
-    """Timestamps of rows ``0, stride, 2 * stride, ...`` of one group, learned as far as needed.
+    """Timestamps of rows ``0, stride, 2 * stride, ...`` of one group.
 
-    The marks are filled forward on demand: a read that needs the time of row ``r`` reads the
-    time column from the last known mark up to a little past ``r`` (one time-range query sized
-    from the mean sampling step, widened if it falls short). A sequential pass thus extends the
-    index one block ahead at a time, and the first batch of a 10M-row file costs about as much
-    as the first batch of a small one; a random read far into a file reads the timestamps up
-    to it once.
+    The marks are filled forward, all of them before the first :meth:`time_range` answers
+    (Note: whole time column first): each query reads the time column from the last known mark
+    over at most :data:`LEARN_ROWS` rows (a time range sized from the mean sampling step,
+    widened if it falls short), the last one to the group's end time, where the rows read must
+    add up to the metadata's row count.
 
     Args:
         stride: rows between marks.
@@ -74,6 +84,9 @@ class TimeIndex:
         #: where a complete index is saved (:func:`open_index`; ``None``: not saved)
         self.cache_path: str | None = None
         count = -(-num_rows // stride)
+        #: whether the rows from the last mark to the end were counted (loaded marks: by
+        #: the check on load)
+        self._to_end = marks is not None
         if marks is not None:
             self.marks, self.known = marks, count
         else:
@@ -94,9 +107,31 @@ class TimeIndex:
         """
         first = start // self.stride
         last = -(-stop // self.stride)
-        self._learn(min(last, len(self.marks) - 1))
+        self.learn()
         end_time = int(self.marks[last]) - 1 if last < len(self.marks) else self.end_time
         return int(self.marks[first]), end_time, start - first * self.stride
+
+    def learn(self) -> None:
+        """Learn every mark, reading the time column to the group's end (Note: whole time
+        column first).
+
+        Raises:
+            TsFileFormatError: the time column disagrees with the metadata's row count or its
+                timestamps do not increase strictly (a damaged file).
+        """
+        step = max(1, LEARN_ROWS // self.stride)
+        while not self.complete:
+            self._learn(min(self.known - 1 + step, len(self.marks) - 1))
+        if not self._to_end:  # the last mark was learned by a read that stopped short of the end
+            base = len(self.marks) - 1
+            t0 = int(self.marks[base])
+            times = self._fetch(t0, self.end_time)
+            increasing = not bool(np.any(times[1:] <= times[:-1]))
+            if len(times) != self.num_rows - base * self.stride or times[0] != t0 or not increasing:
+                raise TsFileFormatError(
+                    self._damaged(base * self.stride, t0, self.end_time, len(times))
+                )
+            self._to_end = True
 
     def _learn(self, mark: int) -> None:
         """Make marks ``0..mark`` known by reading the time column forward."""
@@ -105,16 +140,20 @@ class TimeIndex:
             t0 = int(self.marks[base])
             rows = (mark - base) * self.stride + 1
             t1 = min(self.end_time, t0 + int(rows * self._step * 1.25) + 1)
+            if mark == len(self.marks) - 1:
+                t1 = self.end_time  # the last mark: read on to the end, where rows are counted
             times = self._fetch(t0, t1)
-            if not len(times) or times[0] != t0:
+            if not len(times) or times[0] != t0 or bool(np.any(times[1:] <= times[:-1])):
                 raise TsFileFormatError(self._damaged(base * self.stride, t0, t1, len(times)))
             new = times[self.stride :: self.stride]
             take = min(len(new), len(self.marks) - self.known)
             self.marks[self.known : self.known + take] = new[:take]
             self.known += take
             read_to = base * self.stride + len(times)
-            if t1 >= self.end_time and read_to != self.num_rows:
-                raise TsFileFormatError(self._damaged(base * self.stride, t0, t1, len(times)))
+            if t1 >= self.end_time:
+                if read_to != self.num_rows:
+                    raise TsFileFormatError(self._damaged(base * self.stride, t0, t1, len(times)))
+                self._to_end = True
             if self.known <= mark:
                 self._step *= 2  # sampled more sparsely than the mean here: widen the next read
 

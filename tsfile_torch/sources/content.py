@@ -47,10 +47,16 @@ from tsfile_torch.options import user_cache_dir
 
 __all__ = [
     "ALGORITHM",
+    "MANIFEST_FORMAT",
+    "MANIFEST_NAME",
+    "MANIFEST_VERSION",
     "FileIdentity",
+    "ManifestEntry",
     "atomic_write",
     "file_hash",
     "hash_file",
+    "new_hash",
+    "parse_manifest",
     "recall",
     "remember",
     "tail_digest",
@@ -67,13 +73,14 @@ HEAD_BYTES = 4 << 10
 TAIL_BYTES = 64 << 10
 
 
-def _new_hash():
+def new_hash():
+    """Return a fresh :data:`ALGORITHM` hash object (``update`` / ``hexdigest``)."""
     return hashlib.blake2b(digest_size=32)
 
 
 def hash_file(path: str) -> str:
     """Return the hex :data:`ALGORITHM` digest of every byte of ``path``."""
-    digest = _new_hash()
+    digest = new_hash()
     buffer = bytearray(_HASH_BLOCK)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as fh:
@@ -88,7 +95,7 @@ def tail_digest(path: str, size: int) -> str:
     Cheap (the bytes tsfile reads to open the file anyway); what a ctime-only move is checked
     against when no content hash is known (Note: content-relevant identity).
     """
-    digest = _new_hash()
+    digest = new_hash()
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
     try:
         digest.update(os.pread(fd, HEAD_BYTES, 0))
@@ -169,6 +176,46 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], Any], cache: bool = Tru
         if tmp is not None:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
+
+
+# -- manifests (written and checked by tsfile_torch.integrity.manifest) -----------------------
+#: A manifest's file name, in the directory (or beside the objects) whose TsFiles it lists.
+MANIFEST_NAME = "tsfile-torch-manifest.json"
+MANIFEST_FORMAT = "tsfile-torch-manifest"
+MANIFEST_VERSION = 1
+
+
+@dataclass(frozen=True)
+class ManifestEntry:
+    """One file a manifest lists: its size and :data:`ALGORITHM` content hash."""
+
+    size: int
+    hash: str
+
+
+def parse_manifest(text: str | bytes, where: str) -> dict[str, ManifestEntry]:
+    """Return relative path -> entry of a manifest's text; ``where`` names it in errors.
+
+    Raises:
+        TsFileFormatError: not a manifest, another hash algorithm, or a malformed entry.
+    """
+    try:
+        record = json.loads(text)
+    except ValueError as err:
+        raise TsFileFormatError(f"{where}: cannot read the manifest ({err})") from err
+    if not isinstance(record, dict) or record.get("format") != MANIFEST_FORMAT:
+        raise TsFileFormatError(
+            f"{where}: not a tsfile-torch manifest; write one with `tsfile-torch manifest DIR`"
+        )
+    if record.get("algorithm") != ALGORITHM:
+        raise TsFileFormatError(
+            f"{where}: manifest hashes use {record.get('algorithm')!r}; this version of "
+            f"tsfile-torch checks {ALGORITHM!r}: write it again with `tsfile-torch manifest DIR`"
+        )
+    try:
+        return {f["path"]: ManifestEntry(int(f["size"]), str(f["hash"])) for f in record["files"]}
+    except (KeyError, TypeError, ValueError) as err:
+        raise TsFileFormatError(f"{where}: malformed manifest entry ({err!r})") from err
 
 
 # -- remembered verdicts (Note: remembered verdicts) -----------------------------------------

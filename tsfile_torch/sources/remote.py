@@ -26,7 +26,14 @@ then memory-map; a bounded cache evicts the least recently used). We follow them
   ``FileLock(..., timeout=0)``), written to ``<copy>.part.<pid>`` and published with an atomic
   ``os.replace`` (as Streaming does), so a reader never sees a partial file;
 - the object's version is checked against the catalog before download: an object changed after
-  the dataset was built is an error, never a mix of old metadata and new data.
+  the dataset was built is an error, never a mix of old metadata and new data;
+- the downloaded bytes are checked before the copy is published: against a manifest
+  (``tsfile-torch-manifest.json``, as ``tsfile-torch manifest`` writes it) beside the objects
+  (same prefix; read once when the dataset is built), and against the store's own checksum
+  where it is one: an S3 ETag of a single-part upload is the MD5 of the bytes (multipart ETags,
+  with a ``-``, and ETags of KMS / customer-key encrypted objects are not, and are not
+  checked). A mismatch is a :class:`~tsfile_torch.errors.RemoteError` naming the URL, and
+  nothing is kept in the cache (streaming's ``validate_hash`` after download, for TsFiles).
 
 Size bound (``cache_limit`` bytes, default :data:`DEFAULT_CACHE_LIMIT`): before a download, under
 a cache-wide lock, least recently used copies are deleted until the new file fits. Deleting a
@@ -50,6 +57,7 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +68,13 @@ from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
 from tsfile_torch.options import user_cache_dir
 from tsfile_torch.pids import alive
 from tsfile_torch.sources.base import FileObject, Source, register
+from tsfile_torch.sources.content import (
+    ALGORITHM,
+    MANIFEST_NAME,
+    ManifestEntry,
+    new_hash,
+    parse_manifest,
+)
 
 __all__ = [
     "DEFAULT_CACHE_LIMIT",
@@ -146,6 +161,10 @@ class RemoteFile(Source):
     nbytes: int
     version: str
     options: RemoteOptions = field(default_factory=RemoteOptions, repr=False, compare=False)
+    #: the manifest beside the object (its URL) and what it lists for the object, if any
+    listed: tuple[str, ManifestEntry] | None = field(default=None, repr=False, compare=False)
+    #: MD5 (hex) of the bytes, where the store's checksum is one (S3 single-part ETag)
+    md5: str | None = field(default=None, repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -271,10 +290,70 @@ def _full_url(protocol: str, path: str) -> str:
     return path if is_url(path) else f"{protocol}://{path}"
 
 
+_MD5 = re.compile(r"[0-9a-f]{32}")
+
+
+def _md5_of(protocol: str, info: Mapping[str, Any]) -> str | None:
+    """Return the MD5 of the object's bytes where its S3 ETag may be one, else None.
+
+    An ETag is the MD5 of the content for a single-part upload stored unencrypted or with
+    SSE-S3; a multipart ETag has a ``-``, and SSE-KMS / SSE-C ETags are something else (a
+    listing may not say which: :func:`_etag_is_md5` asks when the MD5 disagrees).
+    """
+    if protocol not in ("s3", "s3a"):
+        return None
+    etag = str(info.get("ETag") or info.get("etag") or "").strip('"').lower()
+    encryption = str(info.get("ServerSideEncryption") or "").lower()
+    if "kms" in encryption or info.get("SSECustomerAlgorithm"):
+        return None
+    return etag if _MD5.fullmatch(etag) else None
+
+
 def _entry(protocol: str, info: Mapping[str, Any], options: RemoteOptions) -> RemoteFile:
     return RemoteFile(
-        _full_url(protocol, info["name"]), int(info.get("size") or 0), _version(info), options
+        _full_url(protocol, info["name"]),
+        int(info.get("size") or 0),
+        _version(info),
+        options,
+        md5=_md5_of(protocol, info),
     )
+
+
+def _with_manifests(fs, protocol: str, files: list[RemoteFile]) -> list[RemoteFile]:
+    """Attach to each file what the manifest beside it (same prefix) lists, if there is one.
+
+    One small read per prefix when the dataset is built; a missing manifest costs one request.
+    """
+    out = []
+    by_prefix: dict[str, dict[str, ManifestEntry] | None] = {}
+    unlisted = []
+    for remote in files:
+        prefix, _, base = remote.url.rpartition("/")
+        if prefix not in by_prefix:
+            url = f"{prefix}/{MANIFEST_NAME}"
+            try:
+                by_prefix[prefix] = parse_manifest(fs.cat_file(fs._strip_protocol(url)), url)
+            except FileNotFoundError:
+                by_prefix[prefix] = None
+            except store_errors() as err:
+                raise _remote_error(url, "read the manifest", err) from err
+        entries = by_prefix[prefix]
+        if entries is None:
+            out.append(remote)
+        elif base in entries:
+            listed = (f"{prefix}/{MANIFEST_NAME}", entries[base])
+            out.append(dataclasses.replace(remote, listed=listed))
+        else:
+            unlisted.append(remote.url)
+            out.append(remote)
+    if unlisted:
+        warnings.warn(
+            f"{', '.join(unlisted[:5])}: not listed in the manifest beside them, so not checked "
+            f"against it (added after it was written?); write it again with "
+            f"`tsfile-torch manifest DIR` and upload it",
+            stacklevel=5,
+        )
+    return out
 
 
 def expand_url(url: str, options: RemoteOptions | None = None) -> list[RemoteFile]:
@@ -322,7 +401,11 @@ def expand_url(url: str, options: RemoteOptions | None = None) -> list[RemoteFil
         raise
     except store_errors() as err:
         raise _remote_error(url, "list", err) from err
-    return sorted((_entry(protocol, i, options) for i in files), key=lambda r: r.url)
+    files = [i for i in files if not i["name"].endswith("/" + MANIFEST_NAME)]
+    if not files:
+        raise RemoteError(f"{url}: holds no TsFile objects, only a manifest")
+    found = sorted((_entry(protocol, i, options) for i in files), key=lambda r: r.url)
+    return _with_manifests(fs, protocol, found)
 
 
 def _cache_dir_error(url: str, directory: str, err: OSError) -> RemoteError:
@@ -468,13 +551,14 @@ def _download(remote: RemoteFile, target: str) -> None:
                     f"{remote.version!r} -> {version!r}, size {remote.nbytes} -> {nbytes}); "
                     f"objects must not change while a dataset reads them: rebuild the dataset"
                 )
-            shutil.copyfileobj(src, dst, DOWNLOAD_BLOCK)
+            digests = _copy_hashing(src, dst, remote)
             got = dst.tell()
         if got != remote.nbytes:
             raise RemoteError(
                 f"{remote.url}: downloaded {got} bytes, the store listed {remote.nbytes}; the "
                 f"object changed during the download: rebuild the dataset"
             )
+        _check_digests(remote, digests)
         os.replace(part, target)
     except RemoteError:
         raise
@@ -490,6 +574,60 @@ def _download(remote: RemoteFile, target: str) -> None:
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(part)
+
+
+def _copy_hashing(src, dst, remote: RemoteFile) -> dict[str, Any]:
+    """Copy ``src`` to ``dst``; return the hash objects of the checks ``remote`` has."""
+    digests: dict[str, Any] = {}
+    if remote.listed is not None:
+        digests[ALGORITHM] = new_hash()
+    if remote.md5 is not None:
+        digests["md5"] = hashlib.md5(usedforsecurity=False)
+    if not digests:
+        shutil.copyfileobj(src, dst, DOWNLOAD_BLOCK)
+        return digests
+    while block := src.read(DOWNLOAD_BLOCK):
+        dst.write(block)
+        for digest in digests.values():
+            digest.update(block)
+    return digests
+
+
+def _etag_is_md5(remote: RemoteFile) -> bool:
+    """Return whether the object's ETag is the MD5 of its bytes, asked of the store (one HEAD).
+
+    Not for SSE-KMS or SSE-C encrypted objects, whose ETags are something else; s3fs's listings
+    do not say how an object is encrypted, so this is asked only when the MD5 disagrees.
+    """
+    fs = _filesystem(remote.url, remote.options)
+    if not hasattr(fs, "call_s3"):
+        return True
+    bucket, key, _ = fs.split_path(remote.url)
+    head = fs.call_s3("head_object", Bucket=bucket, Key=key)
+    encrypted = "kms" in str(head.get("ServerSideEncryption", "")).lower()
+    return not (encrypted or head.get("SSECustomerAlgorithm"))
+
+
+def _check_digests(remote: RemoteFile, digests: dict[str, Any]) -> None:
+    """Raise RemoteError if the downloaded bytes differ from the manifest or the ETag."""
+    if remote.listed is not None:
+        manifest, entry = remote.listed
+        got = digests[ALGORITHM].hexdigest()
+        if (remote.nbytes, got) != (entry.size, entry.hash):
+            raise RemoteError(
+                f"{remote.url}: content differs from the manifest {manifest} ({ALGORITHM} "
+                f"{got[:16]}..., {remote.nbytes} bytes; listed {entry.hash[:16]}..., "
+                f"{entry.size} bytes): the object is damaged or was changed since the manifest "
+                f"was written; not kept in the cache"
+            )
+    if remote.md5 is not None:
+        got = digests["md5"].hexdigest()
+        if got != remote.md5 and _etag_is_md5(remote):
+            raise RemoteError(
+                f"{remote.url}: the downloaded bytes have MD5 {got}, the store's ETag says "
+                f"{remote.md5}: the download was corrupted; not kept in the cache, the next "
+                f"read fetches it again"
+            )
 
 
 def fetch(remote: RemoteFile) -> str:
