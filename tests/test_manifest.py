@@ -57,6 +57,11 @@ def test_a_file_whose_content_differs_from_its_manifest_fails_the_build(data, fl
     flip_value_byte(data / "part001.tsfile", "s1", 80000)
     with pytest.raises(TsFileFormatError, match=r"part001\.tsfile: content differs from the manif"):
         TsFileDataset(data, batch_size=5000)
+    # changed on purpose (a re-convert): the message says how to bless the new content
+    with pytest.raises(TsFileFormatError, match=r"write the manifest again \(tsfile-torch manif"):
+        TsFileDataset(data, batch_size=5000)
+    main(["manifest", str(data)])
+    assert len(TsFileDataset(data, batch_size=5000)) > 0
 
 
 def test_without_a_manifest_the_same_damage_reads_as_wrong_values(data, flip_value_byte):

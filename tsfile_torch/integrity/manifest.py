@@ -203,6 +203,12 @@ def check_manifests(sources: Sequence[Source], force: bool = False) -> ManifestC
     return out
 
 
+#: what to do when a listed file was changed on purpose
+_REWRITE_HINT = (
+    "; if you changed it on purpose, write the manifest again (tsfile-torch manifest DIR)"
+)
+
+
 def _check_one(source: Source, manifest: str, entry: ManifestEntry, force: bool):
     """Return (problem or None, verified identity, source)."""
     try:
@@ -213,7 +219,7 @@ def _check_one(source: Source, manifest: str, entry: ManifestEntry, force: bool)
                     source.name,
                     f"size {identity.size} differs from the manifest's {entry.size} "
                     f"({manifest}): the file was changed, truncated or replaced since the "
-                    f"manifest was written",
+                    f"manifest was written{_REWRITE_HINT}",
                 ),
                 None,
                 source,
@@ -230,7 +236,7 @@ def _check_one(source: Source, manifest: str, entry: ManifestEntry, force: bool)
                 source.name,
                 f"content differs from the manifest {manifest} ({ALGORITHM} {digest[:16]}..., "
                 f"listed {entry.hash[:16]}...): the file is damaged or was changed since the "
-                f"manifest was written",
+                f"manifest was written{_REWRITE_HINT}",
             ),
             None,
             source,
