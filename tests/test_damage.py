@@ -8,6 +8,7 @@ wrong values. The full sweep is marked slow; a representative subset runs by def
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -323,5 +324,41 @@ except TsFileFormatError as err:
 def test_a_later_chunk_header_that_crashes_the_reader_fails_validation(tmp_path, run_python):
     path = _later_chunk_damaged(tmp_path, 1)  # its name length
     proc = run_python(CRASHING_CHUNK, str(path))
+    assert proc.returncode == 0, proc.stderr[-2000:]  # the crash stayed in the child
+    assert proc.stdout.startswith(f"{path}: tsfile's native reader crashed on this file"), proc
+
+
+def _later_value_chunk_damaged(directory: Path) -> Path:
+    """The multi-chunk file with the name length of s1's second value-chunk header flipped:
+    validation's first chunks pass, tsfile's reader crashes (SIGSEGV) when a read reaches it."""
+    [path] = synthetic.write_table_files(directory, MULTI_CHUNK, flush_every=7000)
+    data = bytearray(Path(path).read_bytes())
+    headers = [m.start() for m in re.finditer(rb"[\x41\x45]\x04s1", bytes(data))]
+    data[headers[1] + 1] ^= 0xFF
+    damaged = directory / "damaged.tsfile"
+    damaged.write_bytes(bytes(data))
+    return damaged
+
+
+# Builds a dataset over such a file with validate=VALIDATE and reads it with num_workers=0.
+LATER_VALUE_CHUNK = r"""
+import sys
+from tsfile_torch import TsFileDataset, TsFileFormatError
+validate = {"full": "full", "True": True}[sys.argv[2]]
+try:
+    ds = TsFileDataset(sys.argv[1], batch_size=5000, index_cache=False, validate=validate)
+    for i in range(len(ds)):
+        ds[i]
+    print("read")
+except TsFileFormatError as err:
+    print(err)
+"""
+
+
+def test_full_validation_finds_a_later_value_chunk_that_crashes_the_reader(tmp_path, run_python):
+    path = _later_value_chunk_damaged(tmp_path)
+    crashed = run_python(LATER_VALUE_CHUNK, str(path), "True")
+    assert crashed.returncode < 0  # headers only: the reading process dies in tsfile's reader
+    proc = run_python(LATER_VALUE_CHUNK, str(path), "full")
     assert proc.returncode == 0, proc.stderr[-2000:]  # the crash stayed in the child
     assert proc.stdout.startswith(f"{path}: tsfile's native reader crashed on this file"), proc

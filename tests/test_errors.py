@@ -92,6 +92,8 @@ def test_unknown_column_is_a_schema_error(small_dir):
         ),
         ({"random_batches": 4, "shuffle": True}, ValueError, r"cannot be combined"),
         ({"cache": "ssd"}, ValueError, r"cache must be one of 'none', 'memory', 'disk'; got 'ssd'"),
+        ({"validate": "deep"}, ValueError, r"validate should be True, False or 'full'"),
+        ({"validate": 1}, TypeError, r"validate should be True, False or 'full'"),
         ({"columns": []}, ValueError, r"columns must be None or a non-empty list"),
         ({"columns": [3]}, TypeError, r"columns must be names or glob patterns \(str\); got 3"),
         ({"order": "sorted"}, ValueError, r"order must be one of 'sequential', 'batches'"),

@@ -227,7 +227,10 @@ class ReadOptions:
         normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std: one
             pass when the dataset is built) or a ``Normalizer`` naming every column.
         validate: check every file's metadata and first chunks in a child process when the
-            dataset is built, so a file that crashes tsfile's native reader is an error instead.
+            dataset is built, so a file that crashes tsfile's native reader is an error instead;
+            ``"full"``: decode every series there too (what ``tsfile-torch verify`` does: the
+            cost of one streaming epoch, at every build), which also finds a damaged later
+            value chunk that would crash a ``num_workers=0`` reader.
         on_damaged: ``"raise"``: a file that fails validation or its manifest when the dataset
             is built is a TsFileFormatError; ``"skip"``: such files (and files an earlier read
             found damaged) are left out with one warning, and ``ds.skipped`` lists them with
@@ -256,7 +259,7 @@ class ReadOptions:
     align: str | None = None
     fill: str = "nan"
     normalize: Any = None
-    validate: bool = True
+    validate: bool | str = True
     on_damaged: str = "raise"
     check_statistics: bool = True
     malloc_tuning: bool = True
@@ -269,8 +272,13 @@ class ReadOptions:
         check_choice("cache", self.cache, CACHE_MODES)
         set_("cache_bytes", check_int("cache_bytes", self.cache_bytes, 0, allow_none=True))
         set_("block_rows", check_int("block_rows", self.block_rows, 1, 2**40, allow_none=True))
-        for name in ("return_timestamps", "validate", "check_statistics", "malloc_tuning"):
+        for name in ("return_timestamps", "check_statistics", "malloc_tuning"):
             check_bool(name, getattr(self, name))
+        if not isinstance(self.validate, bool) and self.validate != "full":
+            error = ValueError if isinstance(self.validate, str) else TypeError
+            raise error(
+                f"validate should be True, False or 'full', but got validate={self.validate!r}"
+            )
         if self.storage_options is not None and not isinstance(self.storage_options, Mapping):
             raise TypeError(
                 f"storage_options must be a dict of fsspec filesystem arguments or None; got "

@@ -45,7 +45,7 @@ class Screened:
     identities: dict[str, Any]
 
 
-def screen_sources(sources: Sequence[Source], validate: bool, on_damaged: str) -> Screened:
+def screen_sources(sources: Sequence[Source], validate: bool | str, on_damaged: str) -> Screened:
     """Check ``sources`` as Note: damaged files at build says.
 
     Raises:
@@ -70,7 +70,7 @@ def screen_sources(sources: Sequence[Source], validate: bool, on_damaged: str) -
         problems += _remembered([s for s in sources if s.name not in {p.name for p in problems}])
     good = [s for s in sources if s.name not in {p.name for p in problems}]
     if validate and good:
-        found = validate_sources(good, "headers")
+        found = validate_sources(good, "full" if validate == "full" else "headers")
         if found and not skip:
             raise damaged_error(found)
         problems += found
