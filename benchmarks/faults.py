@@ -103,17 +103,18 @@ def corpus() -> list[Case]:
         workers=(0, 2),
         args={"file": "chunks", "where": "later-chunk:name-length", "devices": "one"},
     )
-    for manifest in (False, True):
+    for guard in ("", "manifest", "full-validation"):
         add(
-            f"later-value-chunk-header{'+manifest' if manifest else ''}",
+            f"later-value-chunk-header{'+' + guard if guard else ''}",
             "flip",
-            workers=(0,) if manifest else (0, 2),
-            expect="clear" if manifest else "either",
+            workers=(0,) if guard else (0, 2),
+            expect="clear" if guard else "either",
             args={
                 "file": "chunks",
                 "where": "later-value-chunk",
                 "devices": "one",
-                "manifest": manifest,
+                "manifest": guard == "manifest",
+                "validate": "full" if guard == "full-validation" else True,
             },
         )
     add("chunk-size-byte", "flip", args={"file": "base", "where": "chunk-size"})
@@ -389,7 +390,7 @@ def scenario_flip(case: Case, data: Path, work: Path) -> dict:
     kw = {}
     if case.args.get("devices") == "one":
         kw = {"columns": "t.d0.*"} if case.kind == "rows" else {"devices": ["t.d0"]}
-    ds = _dataset(case.kind, str(path), **kw)
+    ds = _dataset(case.kind, str(path), options={"validate": case.args.get("validate", True)}, **kw)
     judge = Judge(data / "truth.npz", stem)
     return {"rows": read_all(ds, case.kind, judge, case.workers, epochs=2)}
 
