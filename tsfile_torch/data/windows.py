@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import dataclasses
 import fnmatch
+import math
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -558,12 +559,10 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         k, start = self._locate(indices)
         row = np.maximum(start, 0)  # padded windows gather from row 0, then shift (below)
         steps = np.arange(length)
-        dtype = np.float64 if self.options.dtype == "float64" else np.float32
-        values = _batch_array((len(k), length, len(self.fields)), dtype)
-        keep_times = self.options.return_timestamps or self.return_dict
-        times = _batch_array((len(k), length), np.int64) if keep_times else None
+        arrays = _batch_arrays(self._batch_specs(len(k)))
+        values, times = arrays["values"], arrays.get("times")
         if not len(k):
-            return self._items(values, times, k)
+            return self._items(arrays, k)
         store = self._device_store()
         if store is not None:  # every device kept whole, in one array: one gather
             if not store.known_whole():
@@ -577,7 +576,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             np.take(store.values, pick, axis=0, out=values, mode="clip")
             if times is not None:
                 np.take(store.times, pick, out=times, mode="clip")
-            return self._items(*_pad(values, times, start), k)
+            _pad(values, times, start)
+            return self._items(arrays, k)
         first_block = row // self.block_rows
         key = k * (1 << 40) + first_block
         order = np.argsort(key, kind="stable")
@@ -588,9 +588,7 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         groups.sort(key=lambda m: (int(k[m[0]]), int(first_block[m[0]])) not in cache)
         # time features are computed once per block, as it is decoded, and gathered like the
         # values: a row is in about (context_length + horizon) / stride windows
-        feats = None
-        if self.time_features:
-            feats = _batch_array((len(k), length, len(self.time_features)), np.float32)
+        feats = arrays.get("features")
         for members in groups:
             dk, b = int(k[members[0]]), int(first_block[members[0]])
             block = self._block(dk, b)
@@ -600,30 +598,43 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
                 times[members] = np.take(block.times, pick)
             if feats is not None:
                 feats[members] = np.take(block.features, pick, axis=0)
-        values, times = _pad(values, times, start)
+        _pad(values, times, start)
         if feats is not None and start.min() < 0:  # padded windows' times were extrapolated
             padded = start < 0
             feats[padded] = time_features(times[padded], self.time_features, self.options.time_unit)
-        return self._items(values, times, k, feats)
+        return self._items(arrays, k, features_ready=True)
+
+    def _batch_specs(self, n: int) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """Shapes and dtypes of the arrays a batch of ``n`` windows is made of."""
+        length, width = self.context_length + self.horizon, len(self.fields)
+        dtype = np.float64 if self.options.dtype == "float64" else np.float32
+        specs = {"values": ((n, length, width), dtype)}
+        if self.options.return_timestamps or self.return_dict:
+            specs["times"] = ((n, length), np.int64)
+        if self.return_dict:
+            specs["observed"] = ((n, length, width), dtype)
+            specs["device_id"] = ((n,), np.int64)
+            specs["codes"] = ((n, self._tag_codes.shape[1]), np.int64)
+            if self.time_features:
+                specs["features"] = ((n, length, len(self.time_features)), np.float32)
+        return specs
 
     def serve_kept(self, kept: KeptBatch):
         return collate_windows(self.__getitems__(*kept.request))
 
-    def _items(
-        self,
-        values: np.ndarray,
-        times: np.ndarray | None,
-        k: np.ndarray,
-        feats: np.ndarray | None = None,
-    ) -> WindowBatch:
+    def _items(self, arrays: dict[str, np.ndarray], k: np.ndarray, features_ready=False):
+        """Return the batch of windows ``k`` gathered into ``arrays`` (see _batch_specs), as a
+        :class:`WindowBatch` of tuples or dict items; ``features_ready``: time features were
+        gathered from their blocks (else they are computed here from the times)."""
         c = self.context_length
+        values, times = arrays["values"], arrays.get("times")
         missing = np.isnan(values) if self.return_dict or self.options.fill != "nan" else None
         if missing is not None:
             # before a window's first value ffill has nothing to carry: tuples keep NaN there
             # (as align's ffill before a series' first sample), dict items 0 (masked)
             fill_missing(values, missing, self.options.fill, 0.0 if self.return_dict else np.nan)
         if self.return_dict:
-            return self._dict_items(values, times, k, missing, feats)
+            return self._dict_items(arrays, k, missing, features_ready)
         identity = self._x_pos == list(range(len(self.fields)))
         x = as_tensor(values[:, :c] if identity else values[:, :c, self._x_pos])
         parts = [x]
@@ -638,25 +649,17 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         return WindowBatch(tuple(parts))
 
     def _dict_items(
-        self,
-        values: np.ndarray,
-        times: np.ndarray,
-        k: np.ndarray,
-        missing: np.ndarray,
-        feats: np.ndarray | None,
+        self, arrays: dict[str, np.ndarray], k: np.ndarray, missing: np.ndarray, features_ready
     ) -> WindowBatch:
-        """Return the windows as Hugging Face style dict items (``return_dict=True``).
-
-        ``feats``: the windows' time features gathered from their blocks (before padding),
-        or None: computed here from ``times``.
-        """
+        """Return the windows as Hugging Face style dict items (``return_dict=True``)."""
         c, out_dtype = self.context_length, getattr(torch, self.options.dtype)
-        # in a worker, in shared memory from the start, as the values (see _batch_array)
-        observed = _batch_array(values.shape, values.dtype)
+        values, times, feats = arrays["values"], arrays["times"], arrays.get("features")
+        observed = arrays["observed"]
         np.logical_not(missing, out=observed, casting="unsafe")
-        if self.time_features and feats is None:
-            feats = _batch_array(times.shape + (len(self.time_features),), np.float32)
+        if feats is not None and not features_ready:
             feats[...] = time_features(times, self.time_features, self.options.time_unit)
+        arrays["device_id"][...] = k
+        np.take(self._tag_codes, k, axis=0, out=arrays["codes"])
         everything = list(range(len(self.fields)))
         keys, parts = [], []
 
@@ -677,8 +680,8 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
             add(f"{side}_time", times[:, steps])
             if self.time_features:
                 add(f"{side}_time_features", feats[:, steps])
-        add("device_id", np.asarray(k, dtype=np.int64))
-        add("static_categorical_features", self._tag_codes[k])
+        add("device_id", arrays["device_id"])
+        add("static_categorical_features", arrays["codes"])
         return WindowBatch(tuple(parts), tuple(keys))
 
     # -- blocks -----------------------------------------------------------------------------
@@ -855,25 +858,42 @@ def _check_fraction(name: str, value) -> float | None:
     return float(value)
 
 
-def _batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:
-    """Return an empty array for a batch; in a DataLoader worker, in shared memory.
+def _batch_arrays(specs: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
+    """Return empty arrays of the given (shape, dtype) by name for one batch.
 
-    A worker's batch travels to the main process through shared memory: allocating it there
-    from the start (as ``default_collate`` does) saves copying it at pickling, as long as its
-    tensors are made with :func:`as_tensor`.
+    In a DataLoader worker they are carved from one shared-memory buffer: a worker's batch
+    travels to the main process through shared memory, so allocating it there from the start
+    (as ``default_collate`` does) saves copying it at pickling, and one buffer costs one
+    file-descriptor hand-over per batch, each a round trip to the busy worker's
+    resource-sharer thread, not one per array (dict items have six: measured through 2
+    workers, the round trips were a third of the main process's time). Their tensors must be
+    made with :func:`as_tensor` to stay views of it.
     """
     if tud.get_worker_info() is None:
-        return np.empty(shape, dtype=dtype)
-    return torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name)).share_memory_().numpy()
+        return {name: np.empty(shape, dtype=dtype) for name, (shape, dtype) in specs.items()}
+    spans, total = {}, 0
+    for name, (shape, dtype) in specs.items():
+        nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+        spans[name] = (total, nbytes)
+        total += -(-nbytes // 64) * 64  # every array 64-byte aligned
+    buffer = torch.empty(max(total, 1), dtype=torch.uint8).share_memory_().numpy()
+    return {
+        name: buffer[lo : lo + nbytes].view(dtype).reshape(shape)
+        for (name, (shape, dtype)), (lo, nbytes) in zip(specs.items(), spans.values(), strict=True)
+    }
+
+
+def _batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Return one empty array for a batch (see :func:`_batch_arrays`)."""
+    return _batch_arrays({"array": (shape, dtype)})["array"]
 
 
 def as_tensor(array: np.ndarray) -> torch.Tensor:
-    """Return ``array`` as a tensor; a view into a :func:`_batch_array` stays a view of its storage.
+    """Return ``array`` as a tensor; an array of :func:`_batch_arrays` stays a view of its buffer.
 
-    ``torch.from_numpy`` wraps a view in a new storage that is not shared, and DataLoader then
-    copies each such tensor into a new shared-memory segment of its own when a worker sends the
-    batch (past and future values, masks, times and features: one segment each). A view of
-    the shared storage is sent as a reference to it.
+    ``torch.from_numpy`` wraps such an array in a new storage that is not shared, and
+    DataLoader then copies each such tensor into a new shared-memory segment of its own when a
+    worker sends the batch. A view of the shared buffer is sent as a reference to it.
     """
     base = array.base
     while isinstance(base, np.ndarray):
@@ -881,11 +901,14 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
     if not isinstance(base, torch.Tensor) or not base.is_shared():
         return torch.from_numpy(array)
     itemsize = array.itemsize
-    if base.element_size() != itemsize or any(s % itemsize for s in array.strides):
-        return torch.from_numpy(array)
     offset = array.__array_interface__["data"][0] - base.data_ptr()
-    return base.as_strided(
+    offset += base.storage_offset() * base.element_size()
+    if offset % itemsize or any(s % itemsize for s in array.strides):
+        return torch.from_numpy(array)
+    out = torch.empty(0, dtype=torch.from_numpy(array[:0]).dtype)
+    return out.set_(
+        base.untyped_storage(),
+        offset // itemsize,
         array.shape,
         [s // itemsize for s in array.strides],
-        base.storage_offset() + offset // itemsize,
     )
