@@ -214,10 +214,12 @@ def test_fill_applies_to_nulls_on_the_tuple_route_too(panel):
 def test_nulls_that_reach_tuples_as_nan_are_announced_once_at_build(panel):
     path, df, _ = panel
     nulls = int(df[["load", "temp"]].isna().sum().sum())
-    with pytest.warns(UserWarning, match=rf"{nulls:,} values .* are null .* fill='zero'"):
+    with pytest.warns(UserWarning, match=rf"{nulls:,} values .* are null .* fill='zero'") as w:
         TsFileWindowDataset(path, 5, 1)
-    with pytest.warns(UserWarning, match="torch.isnan"):  # rows: NaN whatever fill says
+    with pytest.warns(UserWarning, match="torch.isnan") as r:  # rows: NaN whatever fill says
         TsFileIterableDataset(path, batch_size=64, align="union")
+    # both point at the line that built the dataset, whatever the kind's depth of calls
+    assert {x.filename for x in [*w, *r] if "null" in str(x.message)} == {__file__}
     with warnings.catch_warnings():  # masked, filled or dropped: nothing to announce
         warnings.simplefilter("error")
         TsFileWindowDataset(path, 5, 1, return_dict=True)

@@ -5,6 +5,9 @@ Every error names the file, column or argument at fault, the rule that was broke
 
 from __future__ import annotations
 
+import sys
+import warnings
+
 __all__ = [
     "SKIP_HINT",
     "TsFileTorchError",
@@ -13,6 +16,7 @@ __all__ = [
     "SchemaError",
     "RemoteError",
     "WorkerError",
+    "warn_caller",
 ]
 
 
@@ -45,3 +49,16 @@ SKIP_HINT = (
     "rebuild the dataset with on_damaged='skip' to leave damaged files out (a file a read "
     "found damaged is remembered), or check the files with `tsfile-torch verify`"
 )
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """Warn at the first frame outside tsfile_torch: the user's line that built the dataset.
+
+    How many frames lie between a warning and the user's call depends on the dataset kind and
+    on the path taken (rows build through one more constructor than windows, a check may run in
+    a helper of a helper); counting them by hand pointed warnings one frame too far.
+    """
+    frame, level = sys._getframe(1), 2  # level 1 is the warnings.warn call below
+    while frame is not None and frame.f_globals.get("__name__", "").startswith("tsfile_torch"):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level)

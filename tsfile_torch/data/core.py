@@ -39,8 +39,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
-import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +54,7 @@ from tsfile_torch.catalog.build import (
     read_metadata,
 )
 from tsfile_torch.data.normalize import Normalizer, make_normalizer, series_stats
+from tsfile_torch.errors import warn_caller
 from tsfile_torch.integrity.checks import CELL_ROWS, CellSums
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.screen import leave_out, screen_sources
@@ -504,10 +503,9 @@ class DatasetCore:
         count = self.spec.num_samples or int(starts[-1])
         orders.check_sharding(count, self.world_size, self.spec.drop_last)
         if not self.epoch_batches(0, batch_size):
-            warnings.warn(
+            warn_caller(
                 f"the {self.kind} yields no batches on rank {self.rank}: drop_last=True and "
-                f"fewer items than one batch; lower batch_size or set drop_last=False",
-                stacklevel=4,
+                f"fewer items than one batch; lower batch_size or set drop_last=False"
             )
 
     # -- iterable passes ---------------------------------------------------------------------
@@ -621,10 +619,9 @@ def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
         if dtype != "float64"
         else "their values beyond 2**53 are rounded"
     )
-    warnings.warn(
+    warn_caller(
         f"integer columns {shown} hold values beyond {limit:,} (metadata min / max), where "
-        f"{dtype} cannot represent every integer: values will be rounded; {hint}",
-        stacklevel=5,
+        f"{dtype} cannot represent every integer: values will be rounded; {hint}"
     )
 
 
@@ -641,19 +638,10 @@ def _warn_nulls(catalog: Catalog, hint: str | None) -> None:
     worst = sorted(nulls.items(), key=lambda kv: -kv[1])[:3]
     shown = ", ".join(f"{name} ({count:,})" for name, count in worst)
     more = f" and {len(nulls) - 3} more columns" if len(nulls) > 3 else ""
-    warnings.warn(
+    warn_caller(
         f"{sum(nulls.values()):,} values of the selected columns are null (metadata): "
-        f"{shown}{more}; they reach the batches as NaN, and one NaN makes a loss NaN: {hint}",
-        stacklevel=_callers_level(),
+        f"{shown}{more}; they reach the batches as NaN, and one NaN makes a loss NaN: {hint}"
     )
-
-
-def _callers_level() -> int:
-    """Return the ``stacklevel`` of the first frame outside tsfile_torch (the user's call)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__", "").startswith("tsfile_torch"):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def warn_if_batch_exceeds_cache(options: ReadOptions, rows: int, num_columns: int) -> None:
@@ -663,12 +651,11 @@ def warn_if_batch_exceeds_cache(options: ReadOptions, rows: int, num_columns: in
     cap = options.cache_bytes if options.cache_bytes is not None else cache_cap()
     batch_bytes = rows * (num_columns * options.itemsize + 8)
     if batch_bytes > cap:
-        warnings.warn(
+        warn_caller(
             f"one batch of {rows} rows x {num_columns} columns is {batch_bytes / 2**20:.0f} MiB, "
             f"more than the streaming cache's {cap / 2**20:.0f} MiB: blocks cannot be cached and "
             f"pages will be decoded more than once; use a smaller batch_size, fewer columns, or "
-            f"a larger cache_bytes",
-            stacklevel=4,
+            f"a larger cache_bytes"
         )
 
 

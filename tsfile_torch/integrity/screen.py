@@ -13,21 +13,17 @@ and why. Damage found later, while reading, always raises, naming the file.
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError, warn_caller
 from tsfile_torch.integrity.manifest import check_manifests
 from tsfile_torch.integrity.validate import FileProblem, damaged_error, validate_sources
 from tsfile_torch.sources import Source
 from tsfile_torch.sources.content import recall
 
 __all__ = ["Screened", "leave_out", "screen_sources"]
-
-#: frames between :func:`warnings.warn` here and the user's dataset constructor call
-_STACKLEVEL = 4
 
 
 @dataclass
@@ -57,11 +53,10 @@ def screen_sources(sources: Sequence[Source], validate: bool | str, on_damaged: 
     if manifests.unlisted:
         shown = ", ".join(manifests.unlisted[:5])
         more = f" and {len(manifests.unlisted) - 5} more" if len(manifests.unlisted) > 5 else ""
-        warnings.warn(
+        warn_caller(
             f"{shown}{more}: not listed in the manifest of their directory, so not checked "
             f"against it (added after it was written?); write it again with "
-            f"`tsfile-torch manifest DIR`",
-            stacklevel=_STACKLEVEL,
+            f"`tsfile-torch manifest DIR`"
         )
     problems = list(manifests.problems)
     if problems and not skip:
@@ -107,8 +102,5 @@ def leave_out(problems: Sequence[FileProblem], total: int) -> list[tuple[str, st
             f"{damaged_error(problems)}"
         )
     listed = "; ".join(f"{p.name}: {p.reason}" for p in problems)
-    warnings.warn(
-        f"on_damaged='skip': left out {len(problems)} of {total} files: {listed}",
-        stacklevel=_STACKLEVEL,
-    )
+    warn_caller(f"on_damaged='skip': left out {len(problems)} of {total} files: {listed}")
     return [(p.name, p.reason) for p in problems]

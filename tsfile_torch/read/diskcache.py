@@ -45,12 +45,12 @@ import mmap
 import os
 import struct
 import time
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from tsfile_torch.errors import warn_caller
 from tsfile_torch.read.memory import MemoryStore
 from tsfile_torch.sources.remote import file_lock
 
@@ -134,7 +134,7 @@ def _warn_once(directory: str, text: str, quiet: bool = False) -> None:
         logger.info("%s", text)
         return
     _warned.add(directory)
-    warnings.warn(text, stacklevel=5)
+    warn_caller(text)
 
 
 def _make_room(directory: str, need: int, limit: int, keep: str) -> None:

@@ -36,12 +36,12 @@ layout alone, computed in four steps written once here and used by every dataset
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from tsfile_torch.errors import warn_caller
 from tsfile_torch.options import check_bool, check_choice, check_int, check_seed
 
 __all__ = [
@@ -214,10 +214,9 @@ def check_sharding(count: int, world_size: int, drop_last: bool, what: str = "it
         )
     pad = per_rank * world_size - count
     if pad > PAD_WARNING * count:
-        warnings.warn(
+        warn_caller(
             f"{count} {what} per epoch over {world_size} ranks: {pad} are repeated to give every "
-            f"rank {per_rank} ({pad / count:.0%}); drop_last=True trims instead",
-            stacklevel=3,
+            f"rank {per_rank} ({pad / count:.0%}); drop_last=True trims instead"
         )
 
 

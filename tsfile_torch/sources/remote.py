@@ -57,13 +57,12 @@ import os
 import re
 import shutil
 import tempfile
-import warnings
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from tsfile_torch.errors import RemoteError
+from tsfile_torch.errors import RemoteError, warn_caller
 from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
 from tsfile_torch.options import user_cache_dir
 from tsfile_torch.pids import alive
@@ -347,11 +346,10 @@ def _with_manifests(fs, protocol: str, files: list[RemoteFile]) -> list[RemoteFi
             unlisted.append(remote.url)
             out.append(remote)
     if unlisted:
-        warnings.warn(
+        warn_caller(
             f"{', '.join(unlisted[:5])}: not listed in the manifest beside them, so not checked "
             f"against it (added after it was written?); write it again with "
-            f"`tsfile-torch manifest DIR` and upload it",
-            stacklevel=5,
+            f"`tsfile-torch manifest DIR` and upload it"
         )
     return out
 
