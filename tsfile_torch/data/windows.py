@@ -559,17 +559,18 @@ class TsFileWindowDataset(DatasetCore, tud.Dataset):
         k, start = self._locate(indices)
         row = np.maximum(start, 0)  # padded windows gather from row 0, then shift (below)
         steps = np.arange(length)
-        arrays = _batch_arrays(self._batch_specs(len(k)))
-        values, times = arrays["values"], arrays.get("times")
-        if not len(k):
-            return self._items(arrays, k)
-        store = self._device_store()
+        store = self._device_store() if len(k) else None
         if store is not None:  # every device kept whole, in one array: one gather
             if not store.known_whole():
                 for dk in np.unique(k):
                     self._whole_device(int(dk))
-            if self._handing_over() is store:
+            if self._handing_over() is store:  # before allocating what the main process fills
                 return KeptBatch((list(indices),))
+        arrays = _batch_arrays(self._batch_specs(len(k)))
+        values, times = arrays["values"], arrays.get("times")
+        if not len(k):
+            return self._items(arrays, k)
+        if store is not None:
             pick = (store.offsets[k] + row)[:, None] + steps
             # mode="clip" lets take write into ``out`` unbuffered (2.5x faster than "raise");
             # every window lies inside its device's rows (_locate), so nothing is clipped
