@@ -293,7 +293,7 @@ def test_dataset_pickles_without_native_readers(small_dir, small_expected):
     assert ds.reader.num_open == 3
     ds.set_epoch(4)
     clone = pickle.loads(pickle.dumps(ds))
-    assert clone._reader is None and clone.epoch == 4
+    assert clone.core._reader is None and clone.epoch == 4
     np.testing.assert_array_equal(
         next(iter(clone)).numpy(), small_expected[:2500].astype(np.float32)
     )
@@ -307,8 +307,8 @@ def test_memory_cache_keeps_rows_across_epochs_and_stops_decoding(
         small_dir, batch_size=1000, cache="memory", order=order, read_backend=read_backend
     )
     first = list(ds)
-    assert ds._store.nbytes == 5000 * (18 * 4 + 8 + 1)
-    assert ds._store.filled.all()
+    assert ds.core.store().nbytes == 5000 * (18 * 4 + 8 + 1)
+    assert ds.core.store().filled.all()
     decoded = ds.reader.decoded_rows
     assert decoded >= 5000
     second = list(ds)

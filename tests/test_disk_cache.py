@@ -21,7 +21,7 @@ import torch
 
 from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, make_loader, synthetic
 from tsfile_torch.cli import main as cli
-from tsfile_torch.data.core import KeptBatch
+from tsfile_torch.data.view import KeptBatch
 from tsfile_torch.read import diskcache
 
 

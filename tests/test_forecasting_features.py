@@ -576,7 +576,7 @@ def test_mixed_windows_draw_datasets_by_weight_and_read_them_exactly(panel):
     assert mix.devices == north.devices + south.devices and len(mix) == len(north) + len(south)
     (items,) = mix.epoch_batches(0, draws)
     from_south = items >= len(north)
-    north_device = np.searchsorted(north._first, items[~from_south], side="right") - 1
+    north_device = np.searchsorted(north.index.first, items[~from_south], side="right") - 1
     got = np.array([(north_device == 0).sum(), (north_device == 1).sum(), from_south.sum()])
     share = np.array([0.125, 0.125, 0.75])  # north's two devices uniform within its quarter
     assert (np.abs(got - draws * share) < 5 * np.sqrt(draws * share * (1 - share))).all(), got

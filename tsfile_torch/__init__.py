@@ -18,7 +18,7 @@ _PUBLIC = {
     "parse_backend": "tsfile_torch.native.backend",
     "Catalog": "tsfile_torch.catalog.build",
     "build_catalog": "tsfile_torch.catalog.build",
-    "EpochSampler": "tsfile_torch.data.core",
+    "EpochSampler": "tsfile_torch.data.view",
     "TsFileDataset": "tsfile_torch.data.rows",
     "TsFileIterableDataset": "tsfile_torch.data.rows",
     "TsFileWindowDataset": "tsfile_torch.data.windows",

@@ -1,9 +1,11 @@
 """make_loader: one DataLoader factory for every tsfile-torch dataset, set up right.
 
-- Row datasets yield whole batches (``batch_size=None``); a :class:`TsFileDataset` is visited
-  through an :class:`~tsfile_torch.data.core.EpochSampler`. The window dataset holds single
-  windows: ``batch_size`` windows per batch through the same sampler (as ``batch_sampler``)
-  and :func:`~tsfile_torch.data.windows.collate_windows`.
+- Each view says what its loader needs (``dataset.loader_spec()``, a
+  :class:`~tsfile_torch.data.view.LoaderSpec`); the loader checks no types. Row views yield
+  whole batches (``batch_size=None``); a map-style one is visited through an
+  :class:`~tsfile_torch.data.view.EpochSampler`. Window views hold single windows:
+  ``batch_size`` windows per batch through the same sampler (as ``batch_sampler``) and their
+  ``collate_fn``.
 - Workers are persistent (each keeps its readers and memory maps across epochs), start through
   :func:`worker_context` (fork made safe for tsfile, else forkserver), and get
   :func:`tsfile_torch.process.start_worker` (crash report, parent guard) before the user's
@@ -16,10 +18,10 @@
   each column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`).
 - With ``cache="disk"``, workers hand batches already kept in the cache over by reference and
   the iterator serves them from the main process's mapping (Note: hand-over in
-  :mod:`tsfile_torch.data.core`).
+  :mod:`tsfile_torch.data.view`).
 - ``stateful=True`` returns torchdata's ``StatefulDataLoader`` (the ``resume`` extra): its
   ``state_dict()`` holds the datasets' or the sampler's pass states (see Note: resume in
-  :mod:`tsfile_torch.data.core`).
+  :mod:`tsfile_torch.sampling.passes`).
 
 Epochs need nothing from the loader: each pass claims the dataset's next epoch (Note: epoch word).
 """
@@ -37,10 +39,7 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory
 
-from tsfile_torch.data.core import DatasetCore, EpochSampler, KeptBatch
-from tsfile_torch.data.mixture import MixedWindows
-from tsfile_torch.data.rows import TsFileDataset, TsFileIterableDataset
-from tsfile_torch.data.windows import TsFileWindowDataset, collate_windows
+from tsfile_torch.data.view import EpochSampler, KeptBatch, LoaderSpec
 from tsfile_torch.errors import TsFileTorchError
 from tsfile_torch.integrity.checks import EpochSums
 from tsfile_torch.integrity.reports import explain_worker_failure
@@ -72,16 +71,24 @@ def worker_context() -> multiprocessing.context.BaseContext:
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
 
 
-def default_timeout(dataset: DatasetCore) -> float:
+def default_timeout(dataset) -> float:
     """Return the DataLoader ``timeout`` make_loader sets: generous for one block of reads.
 
     A batch may have to decode one block of every read group first: ``block_rows`` rows of
     every column. ``MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * block_rows * num_columns`` seconds.
     """
-    parts = getattr(dataset, "datasets", [dataset])  # a mixture: its slowest dataset
-    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * max(
-        d.block_rows * len(d.catalog.columns) for d in parts
-    )
+    return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * _spec(dataset).block_values
+
+
+def _spec(dataset) -> LoaderSpec:
+    """Return what ``dataset``'s loader needs, or raise TypeError for a foreign dataset."""
+    spec = getattr(dataset, "loader_spec", None)
+    if not callable(spec):
+        raise TypeError(
+            f"dataset must be a tsfile-torch dataset (TsFileIterableDataset, TsFileDataset, "
+            f"TsFileWindowDataset, MixedWindows); got {type(dataset).__name__}"
+        )
+    return spec()
 
 
 class _Pass:
@@ -115,7 +122,7 @@ class _Pass:
             context = self._loader.multiprocessing_context
             better = explain_worker_failure(
                 err,
-                self._loader.dataset._slots,
+                self._loader._spec.slots,
                 getattr(self._inner, "_workers", ()),
                 context.get_start_method() if context is not None else None,
             )
@@ -126,7 +133,7 @@ class _Pass:
             self._end()
             raise
         if isinstance(batch, KeptBatch):  # Note: hand-over
-            batch = self._loader.dataset.serve_kept(batch)
+            batch = self._loader._spec.serve(batch)
             if self._loader.pin_memory:
                 batch = pin_memory(batch, getattr(self._loader, "pin_memory_device", "") or None)
         if self._sums is not None:
@@ -168,7 +175,7 @@ class _Guarded:
                     f"its epoch: finish or delete the first iteration, or build a second dataset"
                 )
         # before the DataLoader touches process settings
-        scope = LoaderScope(ds._slots, self.num_workers > 0)
+        scope = LoaderScope(self._spec.slots, self.num_workers > 0)
         try:
             inner = super().__iter__()
         except BaseException:
@@ -180,10 +187,10 @@ class _Guarded:
         return out
 
     def _epoch_sums(self) -> EpochSums | None:
-        ds = self.dataset
-        if self._sums_checked or not getattr(ds, "checks_epoch_sums", False):
+        ds, spec = self.dataset, self._spec
+        if self._sums_checked or spec.epoch_sums is None or not spec.epoch_sums():
             return None
-        if isinstance(ds, TsFileDataset) and not isinstance(self.sampler, EpochSampler):
+        if not spec.iterable and not isinstance(self.sampler, EpochSampler):
             sampler = self.sampler  # only samplers known to visit every batch once
             once = type(sampler) is tud.SequentialSampler or (
                 type(sampler) is tud.RandomSampler
@@ -202,7 +209,7 @@ class TsFileDataLoader(_Guarded, tud.DataLoader):
 
 
 def make_loader(
-    dataset: DatasetCore,
+    dataset,
     batch_size: int | None = None,
     num_workers: int = 0,
     *,
@@ -213,15 +220,16 @@ def make_loader(
     """Return a DataLoader over any tsfile-torch dataset (see the module notes).
 
     Args:
-        dataset: a :class:`TsFileIterableDataset`, :class:`TsFileDataset` or
-            :class:`TsFileWindowDataset`.
-        batch_size: windows per batch for :class:`TsFileWindowDataset` (required there); row
-            datasets batch themselves (set ``batch_size`` on the dataset).
+        dataset: a :class:`TsFileIterableDataset`, :class:`TsFileDataset`,
+            :class:`TsFileWindowDataset` or :class:`MixedWindows` (any view with a
+            ``loader_spec()``).
+        batch_size: windows per batch for window views (required there); row datasets batch
+            themselves (set ``batch_size`` on the dataset).
         num_workers: DataLoader worker processes (0 reads in the main process).
         pin_memory: ``None`` pins when ``torch.cuda.is_available()``.
         stateful: return a ``torchdata.stateful_dataloader.StatefulDataLoader`` (install
             ``tsfile-torch[resume]``) whose ``state_dict()`` / ``load_state_dict()`` resume
-            mid-epoch; loading a state saved with another ``num_workers`` is a ``ValueError``.
+            mid-epoch, under the same or another number of workers and ranks.
         **kwargs: passed on to ``DataLoader`` (``prefetch_factor``, ``timeout``,
             ``multiprocessing_context``, ``worker_init_fn``, ``persistent_workers``, a
             ``sampler`` for a :class:`TsFileDataset`...).
@@ -230,11 +238,7 @@ def make_loader(
         TypeError / ValueError: on a wrong dataset or argument.
         ImportError: ``stateful=True`` without torchdata installed.
     """
-    if not isinstance(dataset, DatasetCore):
-        raise TypeError(
-            f"dataset must be a TsFileIterableDataset, TsFileDataset or TsFileWindowDataset; "
-            f"got {type(dataset).__name__}"
-        )
+    spec = _spec(dataset)
     num_workers = check_int("num_workers", num_workers, 0, 1024)
     check_bool("stateful", stateful)
     if "shuffle" in kwargs:
@@ -242,15 +246,15 @@ def make_loader(
             "shuffle belongs to the dataset: TsFile...Dataset(..., shuffle=True) or "
             "order='shuffle' / 'batches', so every loader and rank agrees on the order"
         )
-    if isinstance(dataset, (TsFileWindowDataset, MixedWindows)):
+    if spec.windows:
         if batch_size is None:
             raise ValueError(
-                "batch_size is required for a TsFileWindowDataset: windows per batch, e.g. "
-                "make_loader(ds, batch_size=256)"
+                f"batch_size is required for a {type(dataset).__name__}: windows per batch, "
+                f"e.g. make_loader(ds, batch_size=256)"
             )
         kwargs["batch_sampler"] = EpochSampler(dataset, batch_size, num_workers)
-        kwargs.setdefault("collate_fn", collate_windows)
-        hand_over = kwargs["collate_fn"] is collate_windows
+        kwargs.setdefault("collate_fn", spec.collate_fn)
+        hand_over = kwargs["collate_fn"] is spec.collate_fn
         batch_size = 1  # DataLoader's default; the batch sampler decides
     else:
         if batch_size is not None:
@@ -258,12 +262,12 @@ def make_loader(
                 "the dataset yields whole batches; set batch_size on the dataset, not on the loader"
             )
         hand_over = kwargs.get("collate_fn") is None
-        if isinstance(dataset, TsFileDataset) and kwargs.get("sampler") is None:
+        if not spec.iterable and kwargs.get("sampler") is None:
             if kwargs.get("batch_sampler") is None:
                 kwargs["sampler"] = EpochSampler(dataset, None, num_workers)
-    if isinstance(dataset, TsFileIterableDataset) and num_workers > len(dataset):
+    if spec.num_batches is not None and num_workers > spec.num_batches:
         warnings.warn(
-            f"num_workers={num_workers} exceeds the {len(dataset)} batches per epoch; "
+            f"num_workers={num_workers} exceeds the {spec.num_batches} batches per epoch; "
             f"some workers will have nothing to read",
             stacklevel=2,
         )
@@ -273,7 +277,7 @@ def make_loader(
         kwargs.setdefault("persistent_workers", True)
         if kwargs.get("multiprocessing_context") is None:
             kwargs["multiprocessing_context"] = worker_context()
-        kwargs.setdefault("timeout", default_timeout(dataset))
+        kwargs.setdefault("timeout", MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * spec.block_values)
         kwargs["worker_init_fn"] = functools.partial(
             _init_worker,
             os.getpid(),
@@ -284,20 +288,23 @@ def make_loader(
     loader_class = _stateful_loader_class() if stateful else TsFileDataLoader
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
-        return loader_class(
+        loader = loader_class(
             dataset,
             batch_size=batch_size,
             num_workers=num_workers,
             pin_memory=pin_memory,
             **kwargs,
         )
+    loader._spec = spec
+    return loader
 
 
 def _init_worker(
     parent_pid: int, from_main_thread: bool, user_init, hand_over: bool, worker_id: int
 ) -> None:
     start_worker(parent_pid, from_main_thread)
-    tud.get_worker_info().dataset._hand_over = hand_over  # Note: hand-over
+    for core in tud.get_worker_info().dataset.loader_spec().cores:  # this worker's copies
+        core.hand_over = hand_over  # Note: hand-over
     if user_init is not None:
         user_init(worker_id)
 
@@ -326,7 +333,7 @@ def _handover(loader, saved: dict) -> tuple[int, tuple] | None:
     ds = loader.dataset
     snapshot = saved.get("_snapshot")
     main = snapshot["_main_snapshot"] if snapshot else saved
-    if isinstance(ds, TsFileIterableDataset):
+    if loader._spec.iterable:
         owner, identity = type(ds).__name__, ds._identity()
         states = (
             [w["dataset_state"] for w in snapshot["_worker_snapshots"].values()]
@@ -399,7 +406,7 @@ def _stateful_loader_class():
             epoch, history = handover
             target = (
                 self.dataset
-                if isinstance(self.dataset, TsFileIterableDataset)
+                if self._spec.iterable
                 else (
                     self.batch_sampler
                     if isinstance(self.batch_sampler, EpochSampler)

@@ -36,13 +36,8 @@ import torch.utils.data as tud
 
 from tsfile_torch import synthetic
 from tsfile_torch.bench.harness import Consumed, Timings, consume, repeat
-from tsfile_torch.data.windows import (
-    TsFileWindowDataset,
-    WindowBatch,
-    _batch_array,
-    as_tensor,
-    collate_windows,
-)
+from tsfile_torch.data.handover import as_tensor, batch_array
+from tsfile_torch.data.windows import TsFileWindowDataset, WindowBatch, collate_windows
 from tsfile_torch.loader import make_loader, worker_context
 from tsfile_torch.read import diskcache
 
@@ -130,14 +125,14 @@ def run_window_benchmark(plan: WindowBenchPlan, progress: bool = False) -> list[
     # in-memory numpy reference: every device preloaded into one array, one gather per batch
     parts, stream_times = [], []
     for k, table in enumerate(stream.tables):
-        values, times = stream._rows(k, 0, table.num_rows)
+        values, times = stream.core.rows(k, 0, table.num_rows)
         parts.append(values.copy())
         stream_times.append(times.copy())
     stream.close()
     offsets = np.concatenate([[0], np.cumsum([len(p) for p in parts])])
     panel = np.concatenate(parts)
     del parts
-    located = stream._locate(np.arange(num_windows))
+    located = stream.index.locate(np.arange(num_windows))
     global_rows = offsets[located[0]] + located[1]
     steps = np.arange(plan.context_length + plan.horizon)
     c = plan.context_length
@@ -293,7 +288,7 @@ class _ReferenceWindows(tud.Dataset):
 
     def __getitems__(self, indices):
         shape = (len(indices), len(self.steps), self.panel.shape[1])
-        out = _batch_array(shape, self.panel.dtype)
+        out = batch_array(shape, self.panel.dtype)
         np.take(self.panel, self.global_rows[np.asarray(indices), None] + self.steps, 0, out=out)
         return WindowBatch((as_tensor(out[:, : self.c]), as_tensor(out[:, self.c :])))
 

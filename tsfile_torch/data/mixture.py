@@ -12,17 +12,17 @@ windows through its own reading core.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch.data.core import DatasetCore, resolve_rank
-from tsfile_torch.data.windows import TsFileWindowDataset, WindowBatch
+from tsfile_torch.data.view import KeptBatch, LoaderSpec, View, resolve_rank
+from tsfile_torch.data.window_items import WindowBatch, collate_windows
+from tsfile_torch.data.windows import TsFileWindowDataset
 from tsfile_torch.integrity.reports import ReadSlots
-from tsfile_torch.sampling import state
 from tsfile_torch.sampling.orders import OrderSpec
+from tsfile_torch.sampling.passes import Passes
 
 __all__ = ["MixedWindows"]
 
@@ -30,7 +30,7 @@ __all__ = ["MixedWindows"]
 _SHAPE = ("context_length", "horizon", "return_dict", "time_features")
 
 
-class MixedWindows(DatasetCore, tud.Dataset):
+class MixedWindows(View, tud.Dataset):
     """Windows of several :class:`TsFileWindowDataset` drawn with given probabilities.
 
     Item ``i`` is window ``i - offset[d]`` of dataset ``d`` (datasets one after another);
@@ -106,7 +106,7 @@ class MixedWindows(DatasetCore, tud.Dataset):
         starts, block_weights = [], []
         for d, share, offset in zip(datasets, self.weights, self._offsets, strict=False):
             if d.device_weights == "uniform":
-                bounds = np.unique(d._first)
+                bounds = np.unique(d.index.first)
             else:
                 bounds = np.array([0, len(d)], dtype=np.int64)
             starts.append(offset + bounds[:-1])
@@ -115,16 +115,11 @@ class MixedWindows(DatasetCore, tud.Dataset):
         self.order_spec = OrderSpec(
             "random", seed, drop_last, 16, num_samples, block_weights=tuple(block_weights)
         )
-        self.options = first.options
-        self.rank, self.world_size = resolve_rank(rank, world_size)
-        self.epochs = state.EpochCounter()
-        self._slots: ReadSlots | None = ReadSlots()
+        self.passes = Passes(self, *resolve_rank(rank, world_size))
+        self.slots: ReadSlots | None = ReadSlots()
         for d in datasets:  # their reads report into the mixture's slots (Note: worker reports)
-            d._slots = self._slots
-        self._passes = 0
-        self._latest = None
-        self._resume: dict[str, Any] | None = None
-        self._check_sharding(1)
+            d.core.slots = self.slots
+        self.passes.check_sharding(1)
 
     # -- items ------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -160,10 +155,13 @@ class MixedWindows(DatasetCore, tud.Dataset):
             return self.datasets[0].__getitems__([])
         which = np.searchsorted(self._offsets, idx, side="right") - 1
         order = np.argsort(which, kind="stable")
+        used = np.unique(which).tolist()
+        if all(self.datasets[d].core.kept_whole() for d in used):  # Note: hand-over
+            return KeptBatch((idx.tolist(),))
         pieces = []
-        for d in np.unique(which).tolist():
+        for d in used:
             members = np.flatnonzero(which == d)
-            batch = self.datasets[d].__getitems__((idx[members] - self._offsets[d]).tolist())
+            batch = self.datasets[d].gather((idx[members] - self._offsets[d]).tolist())
             parts = list(batch.parts)
             if batch.keys is not None:  # device ids across the mixture
                 j = batch.keys.index("device_id")
@@ -177,18 +175,39 @@ class MixedWindows(DatasetCore, tud.Dataset):
         )
         return WindowBatch(joined, keys)
 
+    @property
+    def options(self):
+        return self.datasets[0].options
+
+    @property
+    def _slots(self):
+        return self.slots
+
     def close(self) -> None:
         for d in self.datasets:
             d.close()
 
+    def serve_kept(self, kept: KeptBatch):
+        return collate_windows(self.__getitems__(*kept.request))
+
+    def loader_spec(self) -> LoaderSpec:
+        """Windows batched by the loader, read by each dataset's core (Note: hand-over)."""
+        return LoaderSpec(
+            windows=True,
+            iterable=False,
+            cores=[d.core for d in self.datasets],
+            block_values=max(d.block_rows * len(d.catalog.columns) for d in self.datasets),
+            serve=self.serve_kept,
+            collate_fn=collate_windows,
+            slots=self.slots,
+        )
+
     def __getstate__(self):
-        out = self.__dict__.copy()
-        out.update(_latest=None)
-        out.pop("_running_loader", None)
+        out = super().__getstate__()
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:  # a plain pickle takes no shared memory
-            out["_slots"] = None
+            out["slots"] = None
         return out
 
     def stats(self, exact: bool = False) -> dict[str, dict]:

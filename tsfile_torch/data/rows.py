@@ -1,8 +1,9 @@
 """Row datasets: batches of ``batch_size`` rows x every selected column.
 
-:class:`TsFileIterableDataset` and :class:`TsFileDataset` are the row kind of
-:class:`~tsfile_torch.data.core.DatasetCore`: one table of every selected column (positional
-rows, or aligned on time with ``align=``). Their items depend on the order:
+:class:`TsFileIterableDataset` and :class:`TsFileDataset` are the row views of a
+:class:`~tsfile_torch.read.core.ReadingCore` (:mod:`tsfile_torch.data.view`): one table of
+every selected column (positional rows, or aligned on time with ``align=``).
+Their items depend on the order:
 
 - ``"sequential"`` / ``"batches"``: an item is a batch of consecutive rows (batch ``i`` is rows
   ``[i * batch_size, (i + 1) * batch_size)``), in row order or in a (seed, epoch) permutation;
@@ -18,17 +19,26 @@ from __future__ import annotations
 import dataclasses
 import sys
 from collections.abc import Iterator, Sequence
-from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
 from tsfile_torch.catalog.build import lay_out
-from tsfile_torch.data.core import DatasetCore, KeptBatch, warn_if_batch_exceeds_cache
+from tsfile_torch.data.handover import as_tensor, batch_array
+from tsfile_torch.data.normalize import make_normalizer
+from tsfile_torch.data.view import (
+    KeptBatch,
+    LoaderSpec,
+    View,
+    resolve_rank,
+    warn_if_batch_exceeds_cache,
+)
 from tsfile_torch.options import ReadOptions, check_int
-from tsfile_torch.sampling import orders, state
+from tsfile_torch.read.core import ReadingCore
+from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
+from tsfile_torch.sampling.passes import Passes
 from tsfile_torch.sampling.state import SharedInt
 
 __all__ = ["ItemBatch", "TsFileDataset", "TsFileIterableDataset"]
@@ -36,12 +46,12 @@ __all__ = ["ItemBatch", "TsFileDataset", "TsFileIterableDataset"]
 
 @dataclasses.dataclass(frozen=True)
 class ItemBatch:
-    """What :class:`~tsfile_torch.data.core.EpochSampler` hands a dataset: one batch's items."""
+    """What :class:`~tsfile_torch.data.view.EpochSampler` hands a dataset: one batch's items."""
 
     items: np.ndarray
 
 
-class _Rows(DatasetCore):
+class _Rows(View):
     """What both row datasets share: their items, and reading a batch of them."""
 
     kind = "row dataset"
@@ -73,19 +83,35 @@ class _Rows(DatasetCore):
                     f"order={name!r} / shuffle=True: leave them out"
                 )
             name = "random"
-        spec = OrderSpec(name, seed, drop_last, shuffle_blocks, random_batches)
-        meta = self._setup(sources, read, spec, rank, world_size)
-        catalog = lay_out(
-            meta, columns, read.start_time, read.end_time, shared_timeline=read.align is None
-        )
-        table = self._table(catalog, tuple(range(len(catalog.columns))), "columns")
+        self.order_spec = OrderSpec(name, seed, drop_last, shuffle_blocks, random_batches)
         # -1: as built; 0: full passes; N > 0: N random windows (set_random_batches)
         self._random = SharedInt(-1)
-        self._finish(catalog, [table], catalog.column_names)
+        self.passes = Passes(self, *resolve_rank(rank, world_size))
+        self.core = core = ReadingCore(sources, read)
+        catalog = lay_out(
+            core.meta, columns, read.start_time, read.end_time, shared_timeline=read.align is None
+        )
+        every = tuple(range(len(catalog.columns)))
+        core.lay_out(catalog, [(every, "columns")], decode_grid=(self.batch_size,))
+        normalizer = make_normalizer(read.normalize, catalog.column_names, self.stats)
+        core.finish(normalizer, [catalog.column_names])
         warn_if_batch_exceeds_cache(read, self.batch_size, len(catalog.columns))
-        self._check_sharding()
+        self.passes.check_sharding()
 
     # -- items ------------------------------------------------------------------------------
+    @property
+    def columns(self) -> list[str]:
+        """Column names, in output order (tsfile series naming: ``table.tag.field``)."""
+        return self.catalog.column_names
+
+    def stats(self, exact: bool = False) -> dict[str, dict]:
+        """Return statistics per column: metadata only, or with ``exact`` one pass adding std.
+
+        See :func:`tsfile_torch.read.stats.series_stats`; they cover the rows in
+        ``start_time`` / ``end_time`` where the metadata allows (a cut shard has no sum).
+        """
+        return self.core.stats({name: [i] for i, name in enumerate(self.columns)}, exact)
+
     @property
     def num_rows(self) -> int:
         return self.tables[0].num_rows
@@ -137,11 +163,9 @@ class _Rows(DatasetCore):
         per_block = max(1, self.block_rows // bs)
         return np.r_[np.arange(0, count, per_block), count].astype(np.int64), 1
 
-    def _identity(self, batch_size: int | None = None) -> dict[str, Any]:
-        out = super()._identity(batch_size)
-        out[state.ORDER] = self.spec.identity
-        out[state.LAYOUT] = [*out[state.LAYOUT], self.num_rows, self.batch_size]
-        return out
+    def _layout_extra(self) -> list[int]:
+        """What a resumed state must also agree on (rows and batch size)."""
+        return [self.num_rows, self.batch_size]
 
     def _batch_key(self, items: np.ndarray, batch_size: int | None) -> ItemBatch:
         return ItemBatch(items)
@@ -154,40 +178,48 @@ class _Rows(DatasetCore):
     def _read_items(self, items: np.ndarray, order: str | None = None):
         """Return the batch of ``items`` (of ``order``, default the one in force) as handed out."""
         order = order or self.spec.order
-        kept = self._handing_over()
+        core = self.core
         if order != "shuffle":
             start, stop = self._row_span(items, order)
-            if kept is not None and kept.has(0, start, stop):
+            if core.kept(0, start, stop):
                 return KeptBatch((items, order))
-            return self._as_batch(*self._rows(0, start, stop, order == "random"))
+            return self._as_batch(
+                *core.rows(0, start, stop, order == "random", self._out(stop - start))
+            )
         rows = np.sort(items)
-        if kept is not None and kept.has_rows(rows):
+        if core.kept_rows(0, rows):
             return KeptBatch((items, order))
-        store = self._memory()
-        if store is not None and store.has_rows(rows):
-            return self._as_batch(store.values[rows], store.times[rows])
-        values, times = self.tables[0].take(self.reader, rows)
-        values = self._finalize(0, values)
-        if store is not None:
-            store.put_rows(rows, values, times)
-        return self._as_batch(values, times)
+        return self._as_batch(*core.take(0, rows))
+
+    def _out(self, n: int):
+        """Return the arrays a batch of ``n`` rows is read into (Note: hand-over)."""
+        values = batch_array((n, len(self.catalog.columns)), self.core.dtype)
+        times = batch_array((n,), np.int64) if self.options.return_timestamps else None
+        return values, times
 
     def serve_kept(self, kept: KeptBatch):
         return self._read_items(*kept.request)
 
     def _as_batch(self, values: np.ndarray, times: np.ndarray):
-        tensor = torch.from_numpy(values)
+        tensor = as_tensor(values)
         if self.options.dtype not in ("float32", "float64"):
             tensor = tensor.to(getattr(torch, self.options.dtype))
         if self.options.return_timestamps:
-            return tensor, torch.from_numpy(times)
+            return tensor, as_tensor(times)
         return tensor
 
-    def _table_names(self, table: int) -> list[str]:
-        return self.columns
-
-    def _decode_grid(self) -> tuple[int, ...]:
-        return (self.batch_size,)  # workers' stretches start at batch boundaries
+    def loader_spec(self) -> LoaderSpec:
+        """Whole batches from the dataset; a map-style one visited by an EpochSampler."""
+        return LoaderSpec(
+            windows=False,
+            iterable=isinstance(self, tud.IterableDataset),
+            cores=[self.core],
+            block_values=self.block_rows * len(self.catalog.columns),
+            serve=self.serve_kept,
+            num_batches=len(self) if isinstance(self, tud.IterableDataset) else None,
+            epoch_sums=lambda: self.checks_epoch_sums,
+            slots=self.core.slots,
+        )
 
     @property
     def checks_epoch_sums(self) -> bool:
@@ -208,7 +240,7 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
     epoch yields this rank's batches exactly once across DataLoader workers (every rank the same
     number); see :mod:`tsfile_torch.sampling.orders` for the order. Every pass is the next epoch
     unless :meth:`set_epoch` says otherwise; :meth:`state_dict` / :meth:`load_state_dict`
-    resume a pass where it stopped (see Note: resume in :mod:`tsfile_torch.data.core`).
+    resume a pass where it stopped (see Note: resume in :mod:`tsfile_torch.data.view`).
 
     Args:
         sources: a path, a directory (its ``*.tsfile``, sorted), a glob, a URL, a binary file
@@ -225,7 +257,7 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
             uniformly random rows (``order="random"``).
         shuffle_blocks: blocks mixed by ``order="shuffle"`` (memory: that many decoded blocks).
         rank, world_size: this process's DDP rank and the number of ranks; ``None`` (both):
-            captured now (see Note: rank capture in :mod:`tsfile_torch.data.core`).
+            captured now (see Note: rank capture in :mod:`tsfile_torch.data.view`).
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``read_backend``,
             ``dtype``, ``cache``, ``start_time``, ``align``, ``normalize``, ``validate``...).
 
@@ -245,7 +277,7 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         return self._generate(cursor, num_workers)
 
     def _generate(self, cursor, num_workers: int) -> Iterator:
-        reader = self._start_epoch(cursor.epoch)
+        reader = self.core.start_epoch(cursor.epoch)
         order = self.spec.order  # the pass's (set_random_batches acts on later passes)
         if num_workers > 1 and order in ("sequential", "batches") and len(cursor):
             # decode only this worker's rows: blocks are clipped to its stretch
@@ -266,7 +298,7 @@ class TsFileDataset(_Rows, tud.Dataset):
 
     ``ds[i]`` is rows ``[i * batch_size, (i + 1) * batch_size)`` (with ``random_batches=N``:
     the ``i``-th random window of the current epoch). :func:`tsfile_torch.make_loader` visits
-    it through an :class:`~tsfile_torch.data.core.EpochSampler`: this rank's batches in the
+    it through an :class:`~tsfile_torch.data.view.EpochSampler`: this rank's batches in the
     dataset's order, a new epoch per pass, resumable; plain ``RandomSampler`` /
     ``DistributedSampler`` work too (``DataLoader(ds, batch_size=None, sampler=...)``).
 
@@ -281,7 +313,7 @@ class TsFileDataset(_Rows, tud.Dataset):
 
     def __getitem__(self, index):
         if isinstance(index, ItemBatch):
-            self._start_epoch(self.epoch or 0)
+            self.core.start_epoch(self.epoch or 0)
             return self._read_items(index.items)
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an integer batch number; got {index!r}")
@@ -291,12 +323,13 @@ class TsFileDataset(_Rows, tud.Dataset):
             raise IndexError(f"batch index {index} out of range for {n} batches")
         index = int(index) % n
         epoch = self.epoch or 0
-        self._start_epoch(epoch)
+        self.core.start_epoch(epoch)
         if self.random_batches is not None:
             starts, _ = self._layout()
             return self._read_items(orders.epoch_items(self.spec, starts, epoch)[index : index + 1])
         start = index * self.batch_size
-        return self._as_batch(*self._rows(0, start, min(start + self.batch_size, self.num_rows)))
+        stop = min(start + self.batch_size, self.num_rows)
+        return self._as_batch(*self.core.rows(0, start, stop, out=self._out(stop - start)))
 
 
 _FETCHERS = ("_IterableDatasetFetcher", "_MapDatasetFetcher")

@@ -4,7 +4,7 @@
 - :class:`Cursor`: one pass: its epoch, its batches and how many it has handed out. A pass owns
   its position: two passes over one dataset never share or move each other's counter.
 - :func:`pass_state` / :func:`check_state`: the one ``state_dict`` layout and its one check,
-  used by the iterable datasets' passes and by :class:`~tsfile_torch.data.core.EpochSampler`.
+  used by the iterable datasets' passes and by :class:`~tsfile_torch.data.view.EpochSampler`.
 
 Note: epoch word. Every pass over a dataset is the next epoch unless ``set_epoch`` named one.
 The epoch lives in one 64-bit word of shared memory created with the dataset (the main process

@@ -1,0 +1,431 @@
+"""What every view shares: the core it holds, its passes, and what its loader needs.
+
+A view (rows, windows, a mixture) is a torch dataset that holds a
+:class:`~tsfile_torch.read.core.ReadingCore` (``view.core``; a mixture holds its datasets) and
+a :class:`~tsfile_torch.sampling.passes.Passes` (``view.passes``), and maps its items to rows of
+the core's tables. :class:`View` gives every view the same public surface by delegation
+(``columns``, ``reader``, ``set_epoch``, ``state_dict``...); it neither reads nor keeps
+state of its own. :meth:`View.loader_spec` says what :func:`tsfile_torch.make_loader` needs
+(:class:`LoaderSpec`), so the loader checks no types.
+
+Note: rank capture. DDP rank and world size are fixed when the dataset is built, in the process
+that builds it: explicit ``rank=`` / ``world_size=``, else ``torch.distributed`` when it is
+initialized, else the ``RANK`` / ``WORLD_SIZE`` environment variables, else (0, 1). They travel
+to DataLoader workers by pickling, so fork, forkserver and spawn workers shard alike (a spawned
+worker has no process group to ask).
+
+Note: hand-over. With ``cache="disk"`` every process maps the same decoded file, so a batch a
+DataLoader worker finds kept there need not travel as values: the worker returns a
+:class:`KeptBatch` (the request it was given: a few numbers, or the rows of a shuffled batch)
+and the main process serves the request from its own mapping of the same entry (one copy out
+of the page cache, as with ``num_workers=0``). Any other batch a worker makes is carved from
+one shared-memory buffer (:mod:`tsfile_torch.data.handover`), so it crosses processes as one
+file-descriptor hand-over. Only :func:`tsfile_torch.make_loader`'s workers hand kept batches
+over (its ``worker_init_fn`` sets ``hand_over`` on the worker's cores), and its iterator turns
+every :class:`KeptBatch` back into the batch before the user sees it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.utils.data as tud
+
+from tsfile_torch.errors import warn_caller
+from tsfile_torch.options import ReadOptions, check_int
+from tsfile_torch.read.reader import cache_cap
+from tsfile_torch.sampling import orders, state
+
+__all__ = ["EpochSampler", "KeptBatch", "LoaderSpec", "View", "resolve_rank"]
+
+
+def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tuple[int, int]:
+    """Return (rank, world size) as fixed when a dataset is built (see Note: rank capture).
+
+    Raises:
+        ValueError: on a rank outside ``[0, world_size)``, one of the two given without the
+            other, or unparsable ``RANK`` / ``WORLD_SIZE`` environment variables.
+    """
+    if (rank is None) != (world_size is None):
+        raise ValueError(
+            f"rank and world_size go together: give both or neither; got rank={rank!r}, "
+            f"world_size={world_size!r}"
+        )
+    source = "rank / world_size arguments"
+    if rank is None:
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            rank, world_size = dist.get_rank(), dist.get_world_size()
+            source = "torch.distributed"
+        elif "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+            source = "the RANK / WORLD_SIZE environment variables"
+            try:
+                rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            except ValueError:
+                raise ValueError(
+                    f"RANK and WORLD_SIZE must be integers; got RANK={os.environ['RANK']!r}, "
+                    f"WORLD_SIZE={os.environ['WORLD_SIZE']!r}"
+                ) from None
+        else:
+            return 0, 1
+    world_size = check_int("world_size", world_size, 1)
+    rank = check_int("rank", rank, 0)
+    if rank >= world_size:
+        raise ValueError(
+            f"rank should be in [0, world_size), but got rank={rank}, world_size={world_size} "
+            f"(from {source})"
+        )
+    return rank, world_size
+
+
+class KeptBatch:
+    """A batch a DataLoader worker found in the decoded disk cache (Note: hand-over).
+
+    ``request``: what the dataset needs to serve it again from its own mapping.
+    """
+
+    __slots__ = ("request",)
+
+    def __init__(self, request: tuple):
+        self.request = request
+
+    def pin_memory(self, device=None) -> KeptBatch:
+        return self  # pinned once served, by the loader's iterator
+
+    def __repr__(self) -> str:
+        return f"KeptBatch({self.request!r})"
+
+
+@dataclass
+class LoaderSpec:
+    """What :func:`tsfile_torch.make_loader` needs of a view (the view's :meth:`View.loader_spec`).
+
+    ``windows``: items are single windows batched by the loader (``batch_size`` required, an
+    :class:`EpochSampler` as ``batch_sampler``, ``collate_fn``); else the view yields whole
+    batches (``batch_size`` must be None; a map-style one is visited by an
+    :class:`EpochSampler` as ``sampler``). ``iterable``: an ``IterableDataset`` (its passes
+    resume through the dataset, else through the sampler). ``cores``: the reading cores its
+    workers read through (hand-over flags, worker reports). ``block_values``: values one
+    read may decode first (for the timeout). ``serve``: turns a :class:`KeptBatch` back into
+    the batch. ``epoch_sums()``: whether a full epoch now hands out every row once (checked
+    against the metadata sums).
+    """
+
+    windows: bool
+    iterable: bool
+    cores: list
+    block_values: int
+    serve: Callable[[KeptBatch], Any]
+    collate_fn: Callable | None = None
+    num_batches: int | None = None
+    epoch_sums: Callable[[], bool] | None = None
+    slots: Any = field(default=None)
+
+
+class View:
+    """The public surface every view shares, delegated to its core and passes (see module)."""
+
+    #: short name of the kind, for messages and repr
+    kind = "dataset"
+    core: Any
+    passes: Any
+
+    # -- what the core holds -----------------------------------------------------------------
+    @property
+    def options(self) -> ReadOptions:
+        return self.core.options
+
+    @property
+    def catalog(self):
+        return self.core.catalog
+
+    @property
+    def tables(self):
+        return self.core.tables
+
+    @property
+    def reader(self):
+        """This process's reader, opened on first use and kept until :meth:`close`."""
+        return self.core.reader
+
+    @property
+    def block_rows(self) -> int:
+        """Rows decoded per native call (``block_rows=``, else the kind's default)."""
+        return self.core.block_rows
+
+    @property
+    def skipped(self):
+        """(file name, reason) of each file left out (``on_damaged="skip"``)."""
+        return self.core.skipped
+
+    @property
+    def normalizer(self):
+        """Applied to every value read (``normalize=``); hand it to a validation dataset."""
+        return self.core.normalizer
+
+    @property
+    def backends(self) -> dict[str, str]:
+        """File name -> backend its open reader really uses, in this process."""
+        return self.core.backends
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of decoded values held in this process (blocks, or the store)."""
+        return self.core.cached_bytes
+
+    @property
+    def _slots(self):
+        return self.core.slots
+
+    def close(self) -> None:
+        """Close this process's readers and drop decoded values (they reopen on the next read)."""
+        self.core.close()
+
+    # -- what the passes hold ----------------------------------------------------------------
+    @property
+    def rank(self) -> int:
+        return self.passes.rank
+
+    @property
+    def world_size(self) -> int:
+        return self.passes.world_size
+
+    @property
+    def epochs(self):
+        return self.passes.epochs
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (later passes count on from it).
+
+        Reaches DataLoader workers, persistent or not. Without it each pass is the next epoch.
+        """
+        self.passes.set_epoch(epoch)
+
+    @property
+    def epoch(self) -> int | None:
+        """Epoch of the latest pass (or the one ``set_epoch`` named); ``None`` before any."""
+        return self.passes.epoch
+
+    @property
+    def spec(self):
+        """The order in force."""
+        return self.order_spec
+
+    def epoch_batches(self, epoch: int, batch_size: int | None = None, history: tuple = ()):
+        """Return this rank's batches of ``epoch`` (arrays of items), before the worker split."""
+        return self.passes.epoch_batches(epoch, batch_size, history)
+
+    def _identity(self, batch_size: int | None = None) -> dict[str, Any]:
+        return self.passes.identity(batch_size)
+
+    def resume_elsewhere(self, epoch: int, history: tuple) -> None:
+        """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
+        self.passes.resume_elsewhere(epoch, history)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where this process's latest pass stands (Note: resume in
+        :mod:`tsfile_torch.sampling.passes`)."""
+        return self.passes.state_dict()
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Make the next pass resume where ``saved`` stood; later passes count on from it.
+
+        A state of the main process resumes under any number of workers and ranks (the rest of
+        its epoch); a DataLoader worker's state only under the same topology.
+
+        Raises:
+            ValueError: ``saved`` comes from a dataset with another order, seed, batch size or
+                data.
+        """
+        self.passes.load_state_dict(saved, type(self).__name__)
+
+    def _begin_pass(self):
+        """Start a pass here: a worker's share of it in a DataLoader worker."""
+        info = tud.get_worker_info()
+        if info is None:
+            return self.passes.begin(), 0, 1
+        cursor = self.passes.begin(info.id, info.num_workers, info.seed - info.id)
+        return cursor, info.id, info.num_workers
+
+    def __getstate__(self):
+        out = self.__dict__.copy()
+        out.pop("_running_loader", None)  # the main process's loader (make_loader)
+        return out
+
+    def __setstate__(self, saved):
+        self.__dict__.update(saved)
+        self.passes.bind(self)
+
+    def __repr__(self) -> str:
+        o = self.options
+        return (
+            f"{type(self).__name__}({len(self.catalog.files)} files, {len(self.columns)} "
+            f"columns, {len(self)} items, order={self.order_spec.order!r}, "
+            f"read_backend={o.read_backend!r}, cache={o.cache!r})"
+        )
+
+
+def warn_if_batch_exceeds_cache(options: ReadOptions, rows: int, num_columns: int) -> None:
+    """Warn when one batch alone is larger than the streaming block cache."""
+    if options.cache != "none" or options.cache_bytes == 0:
+        return
+    cap = options.cache_bytes if options.cache_bytes is not None else cache_cap()
+    batch_bytes = rows * (num_columns * options.itemsize + 8)
+    if batch_bytes > cap:
+        warn_caller(
+            f"one batch of {rows} rows x {num_columns} columns is {batch_bytes / 2**20:.0f} MiB, "
+            f"more than the streaming cache's {cap / 2**20:.0f} MiB: blocks cannot be cached and "
+            f"pages will be decoded more than once; use a smaller batch_size, fewer columns, or "
+            f"a larger cache_bytes"
+        )
+
+
+class EpochSampler(tud.Sampler):
+    """The sampler of every map-style dataset: this rank's batches of each epoch, in order.
+
+    Each pass claims the dataset's next epoch in the main process (or the one ``set_epoch``
+    named), so any loader behaves the same; its batches are those
+    :meth:`View.epoch_batches` gives, in the order a loader with ``num_workers`` workers
+    delivers them (:func:`~tsfile_torch.sampling.orders.delivered_order`), so each worker reads
+    its own stretch. It yields what the dataset's ``__getitem__`` / ``__getitems__`` takes: a
+    batch key (``batch_size=None``: the dataset yields whole batches) or a list of item indices
+    (use it as ``batch_sampler``). Its passes save and load (epoch, position), so
+    ``StatefulDataLoader`` resumes a pass by slicing the order.
+
+    Args:
+        dataset: a map-style tsfile-torch dataset.
+        batch_size: items per batch for datasets of single items (windows); ``None`` for
+            datasets whose items are batches.
+        num_workers: the loader's ``num_workers`` (the delivered order deals batches to them).
+    """
+
+    def __init__(self, dataset, batch_size: int | None = None, num_workers: int = 0):
+        if not isinstance(dataset, View):
+            raise TypeError(
+                f"EpochSampler needs a tsfile-torch dataset; got {type(dataset).__name__}"
+            )
+        self.dataset = dataset
+        self.batch_size = check_int("batch_size", batch_size, 1, 2**40, allow_none=True)
+        self.num_workers = check_int("num_workers", num_workers, 0, 1024)
+        self._latest: _SamplerPass | None = None
+
+    def batches(self, epoch: int, history: tuple = ()) -> list[np.ndarray]:
+        """Return this rank's batches of ``epoch`` (item arrays) in delivered order."""
+        batches = self.dataset.epoch_batches(epoch, self.batch_size, history)
+        order = orders.delivered_order(batches, self.num_workers, self.dataset.spec.order)
+        return [batches[i] for i in order]
+
+    def identity(self) -> dict[str, Any]:
+        return self.dataset._identity(self.batch_size)
+
+    def point(self, epoch, position: int = 0, history: tuple = ()) -> state.PassPoint:
+        """Return a pass point of this sampler's topology."""
+        ds = self.dataset
+        return state.PassPoint(
+            epoch, position, 0, self.num_workers, ds.rank, ds.world_size, history
+        )
+
+    def __len__(self) -> int:
+        """Batches per epoch on this rank (of the pass in progress, else of the next)."""
+        if self._latest is not None and self._latest.cursor is not None:
+            return len(self._latest.cursor)
+        return len(self.dataset.epoch_batches(self.dataset.epoch or 0, self.batch_size))
+
+    def __iter__(self) -> Iterator:
+        loaded = self._latest
+        if loaded is not None and loaded.cursor is None and loaded._pending is not None:
+            return loaded  # a loaded state not yet begun: this pass resumes it
+        self._latest = _SamplerPass(self)
+        return self._latest
+
+    def state_dict(self) -> dict[str, Any]:
+        """Return where the latest pass stands (see Note: resume)."""
+        if self._latest is None:
+            return state.pass_state(self.point(None), self.identity())
+        return self._latest.state_dict()
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        """Make the next pass continue where ``saved`` stood.
+
+        A state at the start of an epoch also sets the dataset's next epoch, so a pass begun
+        afresh (a loader that starts a new iterator after loading) takes that epoch too.
+        """
+        self._latest = _SamplerPass(self)
+        self._latest.load_state_dict(saved)
+        pending = self._latest._pending
+        if pending is not None and (pending.position == 0 or not self._latest.exact):
+            self.dataset.epochs.set(pending.epoch)
+
+    def resume_elsewhere(self, epoch: int, history: tuple) -> None:
+        """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
+        self._latest = _SamplerPass(self)
+        self._latest._pending = self.point(epoch, 0, tuple(history))
+        self.dataset.epochs.set(epoch)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Make the next pass epoch ``epoch`` (the dataset's :meth:`View.set_epoch`)."""
+        self.dataset.set_epoch(epoch)
+
+
+class _SamplerPass(Iterator):
+    """One pass of an :class:`EpochSampler`; claims its epoch at its first batch (lazily: a
+    DataLoader creates iterators it never uses). Its state is its pass point."""
+
+    def __init__(self, sampler: EpochSampler):
+        self.sampler = sampler
+        self.cursor: state.Cursor | None = None
+        self._pending: state.PassPoint | None = None  # a loaded point, not begun
+        self.finished = False  # raised StopIteration
+
+    @property
+    def exact(self) -> bool:
+        """Whether the loaded point is of this sampler's topology (else: elastic resume)."""
+        p, here = self._pending, self.sampler.point(None)
+        return p is None or (p.num_workers, p.rank, p.world_size) == (
+            here.num_workers,
+            here.rank,
+            here.world_size,
+        )
+
+    def _begin(self) -> None:
+        ds = self.sampler.dataset
+        point = self._pending
+        if point is None:
+            epoch, position, history = ds.epochs.claim(), 0, ()
+        elif self.exact:
+            epoch, position, history = point.epoch, point.position, point.history
+        else:  # another topology: the rest of the epoch (Note: elastic resume)
+            epoch, position, history = point.epoch, 0, point.handed_over()
+        if point is not None:
+            ds.epochs.record(epoch)
+        self.cursor = state.Cursor(epoch, self.sampler.batches(epoch, history), position, history)
+
+    def __next__(self):
+        if self.cursor is None:
+            self._begin()
+        try:
+            items = next(self.cursor)
+        except StopIteration:
+            self.finished = True
+            raise
+        return self.sampler.dataset._batch_key(items, self.sampler.batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        s = self.sampler
+        if self.cursor is None:  # not begun: where it would begin
+            point = self._pending or s.point(s.dataset.epochs.peek())
+        elif self.finished:  # ran out (StopIteration): the next pass begins
+            point = s.point(self.cursor.epoch + 1)
+        else:
+            point = s.point(self.cursor.epoch, self.cursor.position, self.cursor.history)
+        return state.pass_state(point, s.identity())
+
+    def load_state_dict(self, saved: dict[str, Any]) -> None:
+        point = state.check_state(saved, self.sampler.identity(), "EpochSampler")
+        self._pending = None if point.epoch is None else point
+        self.cursor, self.finished = None, False

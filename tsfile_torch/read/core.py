@@ -1,0 +1,605 @@
+"""ReadingCore: the one reader under every view and engine, an object they hold (not a base).
+
+A view (rows, windows, a mixture's datasets, a Ray read task, a script) builds one core and asks
+it for rows of a **table** (rows of some catalog columns with one numbering: every column for
+the row datasets, each device's fields for windows):
+
+- :meth:`ReadingCore.rows` ``(table, start, stop)`` and :meth:`ReadingCore.take`
+  ``(table, rows)``: values ``(n, columns)`` in the output dtype, normalized, and int64 times;
+- :meth:`ReadingCore.block`: a block of a table plus a tail (windows gather from it);
+- with every guarantee: sources expanded by the one registry and screened (manifests,
+  validation child), the change check at each epoch, statistics and cell-sum checks of decoded
+  values, worker reports of the read in progress (Note: worker reports), DDP-free and
+  torch-free (a view in ``data/`` adds torch).
+
+The core owns one **store** of kept rows, picked by name from :data:`STORES` (``cache=``):
+``"none"`` keeps nothing beyond the reader's streaming cache (and, for views that gather many
+items from a block, a byte-bounded LRU of finalized blocks: :meth:`block`), ``"memory"`` a
+:class:`~tsfile_torch.read.memory.MemoryStore` per process, ``"disk"`` the same store over one
+mapped file shared by every process and later runs (Note: decoded disk cache).
+
+Note: a view holds the core. A dataset kind maps its items to rows of the core's tables and
+calls the core; it never reads, caches or checks on its own. If a view needs something of the
+reader, the core is missing a public method: add it here, and every view and engine gets it.
+
+Example (no torch needed)::
+
+    core = ReadingCore.for_rows("data/", columns=["t.d0.*"], read_backend="mmap")
+    values, times = core.rows(0, 0, 8192)     # rows [0, 8192) of every selected column
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from tsfile_torch.catalog.build import (
+    Catalog,
+    SourceMetadata,
+    check_shared_timeline,
+    lay_out,
+    read_metadata,
+)
+from tsfile_torch.errors import warn_caller
+from tsfile_torch.integrity.checks import CELL_ROWS, CellSums
+from tsfile_torch.integrity.reports import ReadSlots
+from tsfile_torch.integrity.screen import leave_out, screen_sources
+from tsfile_torch.native.backend import check_backend
+from tsfile_torch.options import ReadOptions
+from tsfile_torch.read import diskcache
+from tsfile_torch.read.align import Alignment, timelines_of
+from tsfile_torch.read.blockcache import Block, BlockCache
+from tsfile_torch.read.memory import MemoryStore
+from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS, BatchReader
+from tsfile_torch.read.stats import series_stats
+from tsfile_torch.sources import expand_sources
+from tsfile_torch.sources.remote import RemoteOptions
+
+__all__ = ["STORES", "ReadingCore", "Table", "worker_id"]
+
+_NUMPY_DTYPE = {"float64": np.float64}  # every other torch dtype is read as float32 first
+#: Largest integer magnitude below which every integer is exact in each float dtype.
+_EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
+#: Finalized blocks a view gathers from (windows), kept per process with ``cache="none"``.
+DEFAULT_BLOCK_BYTES = 256 << 20
+
+
+def worker_id() -> tuple[int, int] | None:
+    """Return (worker id, number of workers) in a DataLoader worker, else None.
+
+    Asked of torch only if torch is loaded: without it there is no DataLoader worker (the core
+    itself needs no torch).
+    """
+    tud = sys.modules.get("torch.utils.data")
+    info = tud.get_worker_info() if tud is not None else None
+    return None if info is None else (info.id, info.num_workers)
+
+
+@dataclass
+class Table:
+    """Rows of some catalog columns with one numbering: positional, or aligned on time."""
+
+    columns: tuple[int, ...]
+    num_rows: int
+    alignment: Alignment | None = None
+
+    def read(self, reader: BatchReader, start: int, stop: int, random_access: bool = False):
+        """Return rows ``[start, stop)``: values ``(n, columns)`` in the reader's dtype, times."""
+        if self.alignment is not None:
+            return self.alignment.read(reader, start, stop)
+        return reader.read(start, stop, random_access=random_access, view=reader.view(self.columns))
+
+    def take(self, reader: BatchReader, rows: np.ndarray):
+        """Return rows ``rows`` (any order): values ``(n, columns)``, times."""
+        if self.alignment is None:
+            return reader.take(rows, view=reader.view(self.columns))
+        values, times = self.alignment.read(reader, int(rows.min()), int(rows.max()) + 1)
+        return values[rows - rows.min()], times[rows - rows.min()]
+
+
+def _no_store(core: ReadingCore) -> None:
+    return None
+
+
+def _memory_store(core: ReadingCore) -> MemoryStore:
+    return MemoryStore(core.table_sizes, core.width, core.dtype)
+
+
+def _disk_store(core: ReadingCore) -> MemoryStore | None:
+    o = core.options
+    quiet = worker_id() is not None  # the building process warned
+    store = diskcache.open_store(
+        core.table_sizes,
+        core.width,
+        core.dtype,
+        core.cache_key(),
+        o.cache_dir,
+        o.cache_limit,
+        quiet,
+    )
+    return store or None
+
+
+#: ``cache=`` name -> the store a process keeps rows in (None: nothing kept).
+STORES: dict[str, Callable[[ReadingCore], MemoryStore | None]] = {
+    "none": _no_store,
+    "memory": _memory_store,
+    "disk": _disk_store,
+}
+
+
+class ReadingCore:
+    """Catalog, tables, this process's reader, the store of kept rows and the checks.
+
+    Build one with :meth:`open` (sources -> metadata) then :meth:`lay_out` (the view's catalog
+    and tables) and :meth:`finish` (normalizer, checks), or with :meth:`for_rows` in one call.
+    Pickles without native handles: a DataLoader worker or a Ray task reopens its readers.
+
+    Args:
+        sources: paths, directories, globs, URLs, binary file objects, or a list of them.
+        options: what is read and how (:class:`~tsfile_torch.options.ReadOptions`).
+        default_block_rows: rows per decoded block when ``options.block_rows`` is None.
+        reader_cache: ``False``: the reader keeps no decoded blocks of its own (a view that
+            gathers from :meth:`block` keeps finalized blocks instead).
+    """
+
+    def __init__(
+        self,
+        sources,
+        options: ReadOptions,
+        *,
+        default_block_rows: int = DEFAULT_BLOCK_ROWS,
+        reader_cache: bool = True,
+    ):
+        self.options = options
+        self.block_rows = options.block_rows or default_block_rows
+        self._reader_cache = reader_cache
+        self.remote = RemoteOptions.of(options)
+        expanded = expand_sources(sources, self.remote)
+        # manifests, then the first contact with each file in a child (Note: damaged files at
+        # build, Note: validation child)
+        screened = screen_sources(expanded, options.validate, options.on_damaged)
+        problems = screened.problems
+        skipped = problems if options.on_damaged == "skip" else None
+        #: what the files hold (metadata only), for the view to select its catalog from
+        self.meta: SourceMetadata = read_source_metadata(screened, skipped)
+        #: (file name, reason) of each file left out (``on_damaged="skip"``)
+        self.skipped = leave_out(problems, len(expanded))
+        for info in self.meta.files:
+            check_backend(info.source, options.read_backend)
+        #: shared memory where workers say what they read (Note: worker reports)
+        self.slots: ReadSlots | None = ReadSlots()
+        #: set on a worker's copy by make_loader: kept batches go by reference (Note: hand-over)
+        self.hand_over = False
+        self.catalog: Catalog | None = None
+        self.tables: list[Table] = []
+        self.normalizer = None
+        self._names: list[list[str]] | None = None
+        self._cells: CellSums | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self._reader: BatchReader | None = None
+        self._reader_epoch: int | None = None
+        self._store: MemoryStore | None | bool = False  # False: not opened in this process
+        self._blocks: BlockCache | None = None
+        self._whole = False  # every table known kept in the store
+
+    @classmethod
+    def for_rows(cls, sources, columns: Sequence[str] | str | None = None, **read_options):
+        """Return a finished core of one table: every selected column (the row datasets')."""
+        options = ReadOptions(**read_options)
+        core = cls(sources, options)
+        catalog = lay_out(
+            core.meta,
+            columns,
+            options.start_time,
+            options.end_time,
+            shared_timeline=options.align is None,
+        )
+        core.lay_out(catalog, [(tuple(range(len(catalog.columns))), "columns")])
+        core.finish()
+        return core
+
+    # -- layout ------------------------------------------------------------------------------
+    def lay_out(
+        self,
+        catalog: Catalog,
+        tables: Sequence[tuple[tuple[int, ...], str]],
+        align_fill: str | None = None,
+        decode_grid: tuple[int, ...] = (),
+    ) -> None:
+        """Keep ``catalog`` and make a table of each ``(columns, what)``.
+
+        Columns on one timeline are positional rows (the fast path); on several, they are
+        aligned on time when ``align`` is set (gaps filled with ``align_fill``, default the
+        options' ``fill``). ``decode_grid``: row counts every decode boundary is a multiple of
+        (a view's batch size), so cell sums stay whole.
+
+        Raises:
+            SchemaError: columns of one table on different timelines and ``align`` is None.
+        """
+        self.catalog = catalog
+        fill = self.options.fill if align_fill is None else align_fill
+        self.tables = [self._table(columns, what, fill) for columns, what in tables]
+        #: sums of decoded cells, shared with workers (Note: cell sums)
+        self._cells = (
+            CellSums(catalog, math.gcd(CELL_ROWS, self.block_rows, *decode_grid))
+            if self.options.check_statistics
+            else None
+        )
+
+    def _table(self, columns: tuple[int, ...], what: str, fill: str) -> Table:
+        catalog = self.catalog
+        if len(timelines_of(catalog, columns)) > 1 and self.options.align is not None:
+            alignment = Alignment.build(catalog, columns, self.options.align, fill, self.new_reader)
+            if not alignment.identical:  # else positional rows: the fast path
+                return Table(columns, alignment.num_rows, alignment)
+        check_shared_timeline([catalog.columns[c] for c in columns], what)
+        return Table(columns, catalog.columns[columns[0]].num_rows)
+
+    def finish(
+        self,
+        normalizer=None,
+        names: Sequence[Sequence[str]] | None = None,
+        nulls_hint: str | None = "mask them with torch.isnan(batch), or replace them with "
+        "torch.nan_to_num",
+    ) -> None:
+        """Set the normalizer (applied to every value read; ``names[table]`` names a table's
+        columns for it), warn about values the output cannot hold, and open the disk cache once
+        here (workers only open it). Readers used while building are closed."""
+        self.normalizer = normalizer
+        self._names = [list(n) for n in names] if names is not None else None
+        _warn_inexact_integers(self.catalog, self.options.dtype)
+        _warn_nulls(self.catalog, nulls_hint)
+        if self.options.cache == "disk":
+            self.store()  # create the entry (or warn that it cannot be used), once
+        self.close()
+
+    @property
+    def table_sizes(self) -> list[int]:
+        return [t.num_rows for t in self.tables]
+
+    @property
+    def width(self) -> int:
+        """Columns of every table."""
+        return len(self.tables[0].columns)
+
+    @property
+    def dtype(self):
+        """numpy dtype of the values handed out (float16 / bfloat16 are cast by the view)."""
+        return _NUMPY_DTYPE.get(self.options.dtype, np.float32)
+
+    # -- the per-process reader --------------------------------------------------------------
+    def new_reader(self, catalog: Catalog | None = None, **overrides) -> BatchReader:
+        """Return a new reader of ``catalog`` (default: the core's) with the core's settings."""
+        o = self.options
+        settings = dict(
+            read_backend=o.read_backend,
+            dtype=self.dtype,
+            block_rows=self.block_rows,
+            malloc_tuning=o.malloc_tuning,
+            decode_threads=self._decode_threads(),
+            cache_bytes=o.cache_bytes if self._reader_cache else 0,
+            max_open_files=o.max_open_files,
+            index_dir=o.index_dir,
+            check_statistics=o.check_statistics,
+            cell_sums=self._cells if catalog is None else None,
+        )
+        settings.update(overrides)
+        return BatchReader(catalog or self.catalog, **settings)
+
+    @property
+    def reader(self) -> BatchReader:
+        """This process's reader, opened on first use and kept until :meth:`close`."""
+        if self._reader is None or self._reader.pid != os.getpid():
+            overrides = {"dtype": np.float64} if self.normalizer is not None else {}
+            self._reset()
+            self._reader = self.new_reader(**overrides)
+            worker = worker_id()
+            if worker is not None and self.slots is not None:  # Note: worker reports
+                slots, wid = self.slots, worker[0]
+                self._reader.on_read = lambda text: slots.write(wid, text)
+        return self._reader
+
+    def _decode_threads(self) -> int:
+        if self.options.decode_threads is not None:
+            return self.options.decode_threads
+        if worker_id() is not None:
+            return 1
+        return max(1, min(4, os.cpu_count() or 1))
+
+    def start_epoch(self, epoch: int) -> BatchReader:
+        """Return the reader, checking the files at each new epoch (streaming: cache emptied)."""
+        reader = self.reader
+        if self._reader_epoch != epoch:
+            reader.check_unchanged()
+            if self.options.cache == "none":
+                reader.clear_cache()  # finalized blocks (block()) stay: the view's choice
+            self._reader_epoch = epoch
+        return reader
+
+    def set_range(self, start: int, stop: int) -> None:
+        """Decode only rows ``[start, stop)`` of the tables (a worker's stretch)."""
+        self.reader.set_range(start, stop)
+
+    # -- reads -------------------------------------------------------------------------------
+    def rows(
+        self,
+        table: int,
+        start: int,
+        stop: int,
+        random_access: bool = False,
+        out: tuple[np.ndarray, np.ndarray | None] | None = None,
+    ):
+        """Return rows ``[start, stop)`` of ``table`` as handed out: normalized, output dtype.
+
+        The arrays are the caller's: a range kept in the store is returned as a copy. ``out``:
+        ``(values, times or None)`` to fill and return instead (a worker's shared batch
+        buffer, :mod:`tsfile_torch.data.handover`); decoded values are assembled straight into
+        it where nothing has to be done to them afterwards.
+        """
+        store = self.store()
+        if store is not None and store.has(table, start, stop):
+            values, times = store.get(table, start, stop)
+            return _copy(values, times, out)
+        t = self.tables[table]
+        if out is not None and t.alignment is None and self.normalizer is None:
+            reader = self.reader
+            values, times = reader.read(
+                start, stop, out[0], random_access=random_access, view=reader.view(t.columns)
+            )
+        else:
+            values, times = t.read(self.reader, start, stop, random_access)
+            values = self._finalize(table, values)
+        if store is not None:
+            store.put(table, start, values, times)
+        if out is not None and values is not out[0]:
+            return _copy(values, times, out)
+        if out is not None and out[1] is not None:
+            out[1][...] = times
+            return values, out[1]
+        return values, times
+
+    def take(self, table: int, rows: np.ndarray):
+        """Return rows ``rows`` (sorted) of ``table`` as handed out (store rows when kept)."""
+        store = self.store()
+        if store is not None:
+            at = rows + store.offsets[table]
+            if store.has_rows(at):
+                return store.values[at], store.times[at]
+        values, times = self.tables[table].take(self.reader, rows)
+        values = self._finalize(table, values)
+        if store is not None:
+            store.put_rows(at, values, times)
+        return values, times
+
+    def _finalize(self, table: int, values: np.ndarray) -> np.ndarray:
+        """Return read values normalized (``normalize=``) in the output dtype.
+
+        With a normalizer the reader decodes float64 and the values are rounded once, after
+        normalizing (as a float64 pipeline would give them).
+        """
+        if self.normalizer is None:
+            return values
+        values = self.normalizer(values, self._names[table])
+        return values.astype(self.dtype, copy=False)
+
+    def block(self, table: int, lo: int, hi: int, annotate=None) -> Block:
+        """Return rows ``[lo, hi)`` of ``table`` as a :class:`Block` to gather items from.
+
+        From the store when it holds every table (filled here first), else a finalized block
+        kept in a byte-bounded LRU (``cache_bytes``, default 256 MiB) keyed by ``(table, lo)``;
+        ``annotate(times)`` (e.g. time features) runs once per decoded block into
+        ``block.features``.
+        """
+        store = self.whole_store()
+        if store is not None:
+            self.fill(table)
+            values, times = store.get(table, lo, hi)
+            return Block(times, values)
+        cache = self.block_cache()
+        block = cache.get((table, lo))
+        if block is None:
+            values, times = self.rows(table, lo, hi)
+            block = Block(times, values.astype(self.dtype, copy=False))
+            if annotate is not None:
+                block.features = annotate(times)
+            cache.put((table, lo), block)
+        return block
+
+    def block_cache(self) -> BlockCache:
+        """This process's LRU of finalized blocks (see :meth:`block`)."""
+        self.reader  # noqa: B018 - the cache belongs to this process's reader
+        if self._blocks is None:
+            budget = self.options.cache_bytes
+            self._blocks = BlockCache(
+                DEFAULT_BLOCK_BYTES if budget is None else budget, self.dtype, recycle=False
+            )
+        return self._blocks
+
+    # -- the store ---------------------------------------------------------------------------
+    def store(self) -> MemoryStore | None:
+        """Return this process's store of kept rows (:data:`STORES`), or None.
+
+        ``None`` with ``cache="none"``, and with ``cache="disk"`` when the disk cache cannot be
+        used here (it warned once; rows are decoded as when streaming).
+        """
+        self.reader  # noqa: B018 - a store belongs to the process's reader
+        if self._store is False:
+            self._store = STORES[self.options.cache](self)
+        return self._store
+
+    def whole_store(self) -> MemoryStore | None:
+        """Return the store when tables can be kept whole in it (else None: read blocks).
+
+        A read-only disk cache (Note: decoded disk cache) serves only when it holds every
+        table already: rows it lacks could not be kept, and a gather must not read them.
+        """
+        store = self.store()
+        if store is None or store.writable:
+            return store
+        if not self._whole:
+            self._whole = all(store.has_whole(k) for k in range(len(self.tables)))
+        return store if self._whole else None
+
+    def fill(self, table: int) -> None:
+        """Decode every row of ``table`` into the store, once per process."""
+        store = self.store()
+        if store.has_whole(table):
+            return
+        n = self.tables[table].num_rows
+        for lo in range(0, n, self.block_rows):
+            hi = min(lo + self.block_rows, n)
+            if not store.has(table, lo, hi):  # another process may have filled it (disk)
+                self.rows(table, lo, hi)
+
+    def kept(self, table: int, start: int, stop: int) -> bool:
+        """Whether a worker hands rows ``[start, stop)`` over by reference (Note: hand-over)."""
+        store = self._handing_over()
+        return store is not None and store.has(table, start, stop)
+
+    def kept_rows(self, table: int, rows: np.ndarray) -> bool:
+        """Whether a worker hands rows ``rows`` over by reference (Note: hand-over)."""
+        store = self._handing_over()
+        return store is not None and store.has_rows(rows + store.offsets[table])
+
+    def kept_whole(self) -> bool:
+        """Whether a worker hands any gather over by reference: every table is kept."""
+        store = self._handing_over()
+        return store is not None and store is self.whole_store()
+
+    def _handing_over(self) -> MemoryStore | None:
+        if not self.hand_over or self.options.cache != "disk":
+            return None
+        return self.store()
+
+    def cache_key(self) -> str | None:
+        """Return what shapes the kept values (the disk cache's key), or None if unkeyable."""
+        files = [info.index_key for info in self.catalog.files]  # as the catalog read them
+        if None in files:
+            return None
+        o = self.options
+        return diskcache.fingerprint(
+            {
+                "format": 1,
+                "files": files,
+                "names": [info.name for info in self.catalog.files],
+                "columns": self.catalog.column_names,
+                "tables": [[list(t.columns), t.num_rows] for t in self.tables],
+                "dtype": np.dtype(self.dtype).str,
+                "time": [o.start_time, o.end_time, self.catalog.start_time, self.catalog.end_time],
+                "align": [o.align, o.fill],
+                "normalize": repr(self.normalizer),
+            }
+        )
+
+    @property
+    def cached_bytes(self) -> int:
+        """Bytes of decoded values held in this process (the store, or finalized blocks)."""
+        if self._store:
+            return self._store.nbytes
+        return self._blocks.nbytes if self._blocks is not None else 0
+
+    # -- statistics --------------------------------------------------------------------------
+    def stats(self, names: dict[str, list[int]], exact: bool = False) -> dict[str, dict]:
+        """Return statistics per name over the catalog columns listed for it (see
+        :func:`tsfile_torch.read.stats.series_stats`): metadata, or with ``exact`` one pass."""
+        return series_stats(
+            self.catalog,
+            names,
+            exact,
+            lambda catalog: self.new_reader(catalog, dtype=np.float64, cache_bytes=0),
+            self.block_rows,
+        )
+
+    @property
+    def backends(self) -> dict[str, str]:
+        """File name -> backend its open reader really uses, in this process."""
+        if self._reader is None:
+            return {}
+        return {self.catalog.files[i].name: b for i, b in self._reader.backends.items()}
+
+    def close(self) -> None:
+        """Close this process's readers and drop decoded values (they reopen on the next read)."""
+        if self._reader is not None:
+            self._reader.close()
+        self._reset()
+
+    # -- pickling: no native handles ---------------------------------------------------------
+    def __getstate__(self):
+        out = self.__dict__.copy()
+        out.update(_reader=None, _reader_epoch=None, _store=False, _blocks=None, _whole=False)
+        from multiprocessing import context
+
+        if context.get_spawning_popen() is None:
+            # a plain pickle (a checkpoint, a Ray task) takes no shared memory
+            out["slots"] = None
+            if self._cells is not None and self._cells.shared:
+                out["_cells"] = None
+        return out
+
+
+def _copy(values: np.ndarray, times: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
+    """Return copies of ``values`` / ``times``, into ``out`` (values, times or None) if given."""
+    if out is None:
+        target = np.empty_like(values)
+        np.copyto(target, values)
+        return target, times.copy()
+    np.copyto(out[0], values)
+    if out[1] is None:
+        return out[0], times.copy()
+    out[1][...] = times
+    return out
+
+
+def read_source_metadata(screened, skipped) -> SourceMetadata:
+    """Return the metadata of the screened sources (files left out with ``skipped``)."""
+    return read_metadata(screened.sources, screened.identities, skipped)
+
+
+def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
+    """Warn when metadata min / max show integer columns that ``dtype`` cannot hold exactly."""
+    limit = _EXACT_INTEGERS[dtype]
+    inexact = [
+        c.name
+        for c in catalog.columns
+        if c.dtype in ("INT32", "INT64", "TIMESTAMP")
+        and max(abs(c.min or 0), abs(c.max or 0)) > limit
+    ]
+    if not inexact:
+        return
+    shown = ", ".join(inexact[:8]) + (f" and {len(inexact) - 8} more" if len(inexact) > 8 else "")
+    hint = (
+        "pass dtype=torch.float64 (exact up to 2**53)"
+        if dtype != "float64"
+        else "their values beyond 2**53 are rounded"
+    )
+    warn_caller(
+        f"integer columns {shown} hold values beyond {limit:,} (metadata min / max), where "
+        f"{dtype} cannot represent every integer: values will be rounded; {hint}"
+    )
+
+
+def _warn_nulls(catalog: Catalog, hint: str | None) -> None:
+    """Warn once per dataset when metadata counts nulls in the selected columns (Note: a NaN
+    in a batch makes a loss NaN, silently)."""
+    nulls = {
+        c.name: c.num_rows - c.num_values
+        for c in catalog.columns
+        if c.num_values is not None and c.num_values < c.num_rows
+    }
+    if hint is None or not nulls:
+        return
+    worst = sorted(nulls.items(), key=lambda kv: -kv[1])[:3]
+    shown = ", ".join(f"{name} ({count:,})" for name, count in worst)
+    more = f" and {len(nulls) - 3} more columns" if len(nulls) > 3 else ""
+    warn_caller(
+        f"{sum(nulls.values()):,} values of the selected columns are null (metadata): "
+        f"{shown}{more}; they reach the batches as NaN, and one NaN makes a loss NaN: {hint}"
+    )
