@@ -13,6 +13,8 @@ import fnmatch
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from tsfile_torch.catalog.build import (
     Catalog,
     SourceMetadata,
@@ -22,7 +24,7 @@ from tsfile_torch.catalog.build import (
 )
 from tsfile_torch.errors import SchemaError
 
-__all__ = ["DeviceSelection", "match_devices", "select_devices"]
+__all__ = ["DeviceSelection", "match_devices", "select_devices", "tag_codes"]
 
 
 @dataclass(frozen=True)
@@ -131,3 +133,19 @@ def select_devices(
     if len(names) * len(fields) != len(kept):
         catalog = subset_catalog(catalog, [fields_of[d][f] for d in names for f in fields])
     return DeviceSelection(catalog, names, [key_of[d] for d in names], fields, columns, targets)
+
+
+def tag_codes(keys: Sequence[tuple]) -> tuple[list[list[str]], np.ndarray]:
+    """Code each device's tag values (table model: the values after the table name).
+
+    Returns the values of each tag level (schema order, sorted) and, per device, the index of
+    its value in each level: int64 ``(devices, levels)``.
+    """
+    levels = max(len(d) - 1 for d in keys)
+    tags = [[str(v) if v is not None else "" for v in d[1:]] for d in keys]
+    tags = [t + [""] * (levels - len(t)) for t in tags]
+    vocab = [sorted({t[j] for t in tags}) for j in range(levels)]
+    codes = np.array(
+        [[vocab[j].index(t[j]) for j in range(levels)] for t in tags], dtype=np.int64
+    ).reshape(len(keys), levels)
+    return vocab, codes

@@ -156,7 +156,7 @@ class MixedWindows(View, tud.Dataset):
         which = np.searchsorted(self._offsets, idx, side="right") - 1
         order = np.argsort(which, kind="stable")
         used = np.unique(which).tolist()
-        if all(self.datasets[d].core.kept_whole() for d in used):  # Note: hand-over
+        if all(self.datasets[d].core.kept(None) for d in used):  # Note: hand-over
             return KeptBatch((idx.tolist(),))
         pieces = []
         for d in used:

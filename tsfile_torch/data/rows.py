@@ -187,7 +187,7 @@ class _Rows(View):
                 *core.rows(0, start, stop, order == "random", self._out(stop - start))
             )
         rows = np.sort(items)
-        if core.kept_rows(0, rows):
+        if core.kept(0, rows=rows):
             return KeptBatch((items, order))
         return self._as_batch(*core.take(0, rows))
 

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import numpy as np
 import torch.utils.data as tud
 
-from tsfile_torch.catalog.devices import select_devices
+from tsfile_torch.catalog.devices import select_devices, tag_codes
 from tsfile_torch.data.features import check_time_features, time_features
 from tsfile_torch.data.handover import batch_arrays
 from tsfile_torch.data.normalize import DeviceNormalizer, Normalizer, make_normalizer
@@ -220,36 +220,17 @@ class TsFileWindowDataset(View, tud.Dataset):
         )
         self.columns_x, self.targets, self.fields = chosen.columns, chosen.targets, chosen.fields
         self._devices = chosen.names
-        self._set_tags(chosen.keys)
+        #: per tag level (schema order), its values; a code is an index into this list
+        self.tag_vocab, self._tag_codes = tag_codes(chosen.keys)
         tables = [
             (chosen.table_columns(k), f"device {d!r}: fields") for k, d in enumerate(chosen.names)
         ]
         # dict items carry observed masks: alignment leaves gaps NaN, the window fills them
         core.lay_out(chosen.catalog, tables, align_fill="nan" if self.return_dict else read.fill)
-        longest = max(t.num_rows for t in core.tables)
-        needed = self.context_length - self._padding + self.horizon
-        if longest < needed:
-            raise SchemaError(
-                f"no device has {needed} rows (context_length {self.context_length} + horizon "
-                f"{self.horizon}{' - padding' if self._padding else ''}) in range; the longest "
-                f"has {longest}: use shorter windows, more data or a wider time range"
-            )
+        _check_long_enough(self, core)
         names = [self._table_names(k) for k in range(len(self._devices))]
-        core.finish(self._make_normalizer(read.normalize), names, self._nulls_hint())
-        self.items = WindowItems(
-            self.context_length,
-            self.horizon,
-            self.fields,
-            [self.fields.index(f) for f in self.columns_x],
-            [self.fields.index(f) for f in self.targets],
-            self.return_dict,
-            self.time_features,
-            read.dtype,
-            read.fill,
-            read.return_timestamps,
-            read.time_unit,
-            self._tag_codes,
-        )
+        core.finish(_normalizer(self, read.normalize), names, self._nulls_hint())
+        self.items = _window_items(self, read)
         self._set_windows(np.full(len(self._devices), -self._padding, dtype=np.int64))
         if not len(self):
             raise SchemaError(
@@ -263,14 +244,6 @@ class TsFileWindowDataset(View, tud.Dataset):
         """Rows of left padding the first window of a device may have (``min_context``)."""
         return 0 if self.min_context is None else self.context_length - self.min_context
 
-    @property
-    def _x_pos(self) -> list[int]:
-        return self.items.x_pos
-
-    @property
-    def _y_pos(self) -> list[int]:
-        return self.items.y_pos
-
     def _set_windows(self, lowest: np.ndarray) -> None:
         """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
 
@@ -279,7 +252,7 @@ class TsFileWindowDataset(View, tud.Dataset):
         """
         keep = None
         if self.max_missing is not None:
-            keep = lambda k, starts: self._missing_fraction(k, starts) <= self.max_missing  # noqa: E731
+            keep = lambda k, starts: _missing_fraction(self, k, starts) <= self.max_missing  # noqa: E731
         self.index = WindowIndex(
             [t.num_rows for t in self.core.tables],
             self.context_length + self.horizon,
@@ -292,24 +265,6 @@ class TsFileWindowDataset(View, tud.Dataset):
         if self.device_weights == "uniform":  # a block per device with windows, equal weights
             blocks = int((self.index.counts() > 0).sum())
             self.order_spec = dataclasses.replace(self.order_spec, block_weights=(1.0,) * blocks)
-
-    def _missing_fraction(self, k: int, starts: np.ndarray) -> np.ndarray:
-        """Return the fraction of missing (null or padded) values of each window of device k."""
-        table, n = self.tables[k], self.tables[k].num_rows
-        miss_x, miss_y = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
-        for lo in range(0, n, self.block_rows):
-            hi = min(lo + self.block_rows, n)
-            values, _ = table.read(self.core.reader, lo, hi)
-            nan = np.isnan(values)
-            miss_x[lo + 1 : hi + 1] = nan[:, self._x_pos].sum(axis=1)
-            miss_y[lo + 1 : hi + 1] = nan[:, self._y_pos].sum(axis=1)
-        miss_x, miss_y = np.cumsum(miss_x), np.cumsum(miss_y)
-        c, h = self.context_length, self.horizon
-        first = np.maximum(starts, 0)
-        padded = (first - starts) * len(self._x_pos)
-        missing = padded + miss_x[starts + c] - miss_x[first] + miss_y[starts + c + h]
-        missing -= miss_y[starts + c]
-        return missing / (c * len(self._x_pos) + h * len(self._y_pos))
 
     # -- items ------------------------------------------------------------------------------
     @property
@@ -324,18 +279,6 @@ class TsFileWindowDataset(View, tud.Dataset):
 
     def __len__(self) -> int:
         return len(self.index)
-
-    def _set_tags(self, devices: list[tuple]) -> None:
-        """Code each device's tag values (table model: the values after the table name)."""
-        levels = max(len(d) - 1 for d in devices)
-        tags = [[str(v) if v is not None else "" for v in d[1:]] for d in devices]
-        tags = [t + [""] * (levels - len(t)) for t in tags]
-        #: per tag level (schema order), its values; a code is an index into this list
-        self.tag_vocab: list[list[str]] = [sorted({t[j] for t in tags}) for j in range(levels)]
-        self._tag_codes = np.array(
-            [[self.tag_vocab[j].index(t[j]) for j in range(levels)] for t in tags],
-            dtype=np.int64,
-        ).reshape(len(devices), levels)
 
     def window_counts(self) -> dict[str, int]:
         """Windows per device."""
@@ -377,34 +320,7 @@ class TsFileWindowDataset(View, tud.Dataset):
             ValueError: ``t`` outside the time range.
             SchemaError: no device has a whole window before ``t``, or none after it.
         """
-        cut = to_timestamp("t", t, self.options.time_unit)
-        lo, hi = self.options.start_time, self.options.end_time
-        if (lo is not None and cut <= lo) or (hi is not None and cut > hi):
-            raise ValueError(
-                f"split_by_time: t={cut} must lie in (start_time, end_time] = ({lo}, {hi}]"
-            )
-        train = type(self)(**{**self._arguments, "end_time": cut - 1})
-        arguments = {**self._arguments, "devices": train.devices}
-        if train.normalizer is not None:
-            arguments.update(normalize=train.normalizer, normalize_by=train.normalize_by)
-        validation = type(self)(**arguments)
-        before = [table.num_rows for table in train.core.tables]  # each device's rows before t
-        validation._forecast_from(np.asarray(before, dtype=np.int64), cut)
-        return train, validation
-
-    def _forecast_from(self, rows_before: np.ndarray, cut: int) -> None:
-        """Keep the windows whose first new row (the horizon's first; with ``horizon=0`` the
-        window's last) is device row ``rows_before[k]`` (the first at or after t) or later."""
-        first = rows_before - self.context_length + (0 if self.horizon else 1)
-        self._set_windows(np.maximum(first, -self._padding))
-        if not len(self.index):
-            raise SchemaError(
-                f"split_by_time: no device has a whole window "
-                f"{'forecasting from' if self.horizon else 'ending at or after'} t={cut} "
-                f"(context_length {self.context_length} + horizon {self.horizon} rows); pick "
-                f"an earlier t"
-            )
-        self.passes.check_sharding(1)
+        return _split_by_time(self, t)
 
     def window_info(self, index: int) -> WindowInfo:
         """Return (device, first device row, first timestamp) of window ``index``."""
@@ -432,57 +348,7 @@ class TsFileWindowDataset(View, tud.Dataset):
     def gather(self, indices: Sequence[int], hand_over: bool = False):
         """Return the windows ``indices`` as a :class:`WindowBatch` (``hand_over``: or a
         :class:`KeptBatch` where a make_loader worker may hand the batch over by reference)."""
-        core = self.core
-        core.start_epoch(self.epoch or 0)
-        length = self.context_length + self.horizon
-        k, start = self.index.locate(indices)
-        row = np.maximum(start, 0)  # padded windows gather from row 0, then shift (below)
-        steps = np.arange(length)
-        store = core.whole_store() if len(k) else None
-        if store is not None:  # every device kept whole, in one array: one gather
-            if not store.known_whole():
-                for dk in np.unique(k):
-                    core.fill(int(dk))
-            if hand_over and core.kept_whole():  # before allocating what the main process fills
-                return KeptBatch((list(indices),))
-        arrays = batch_arrays(self.items.specs(len(k)))
-        values, times = arrays["values"], arrays.get("times")
-        if not len(k):
-            return self.items.items(arrays, k)
-        if store is not None:
-            pick = (store.offsets[k] + row)[:, None] + steps
-            # mode="clip" lets take write into ``out`` unbuffered (2.5x faster than "raise");
-            # every window lies inside its device's rows (_locate), so nothing is clipped
-            np.take(store.values, pick, axis=0, out=values, mode="clip")
-            if times is not None:
-                np.take(store.times, pick, out=times, mode="clip")
-            pad_windows(values, times, start)
-            return self.items.items(arrays, k)
-        first_block = row // self.block_rows
-        key = k * (1 << 40) + first_block
-        order = np.argsort(key, kind="stable")
-        groups = np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
-        # cached blocks first: decoding a missing block then evicts blocks this batch is done
-        # with, never one it still needs (else a batch spanning two shuffle groups thrashes)
-        cache, rows = core.block_cache(), self.block_rows
-        groups.sort(key=lambda m: (int(k[m[0]]), int(first_block[m[0]]) * rows) not in cache)
-        # time features are computed once per block, as it is decoded, and gathered like the
-        # values: a row is in about (context_length + horizon) / stride windows
-        feats = arrays.get("features")
-        for members in groups:
-            dk, b = int(k[members[0]]), int(first_block[members[0]])
-            block = self._block(dk, b)
-            pick = (row[members] - b * self.block_rows)[:, None] + steps
-            values[members] = np.take(block.values, pick, axis=0)  # 5x faster than [pick]
-            if times is not None:
-                times[members] = np.take(block.times, pick)
-            if feats is not None:
-                feats[members] = np.take(block.features, pick, axis=0)
-        pad_windows(values, times, start)
-        if feats is not None and start.min() < 0:  # padded windows' times were extrapolated
-            padded = start < 0
-            feats[padded] = time_features(times[padded], self.time_features, self.options.time_unit)
-        return self.items.items(arrays, k, features_ready=True)
+        return _gather(self, indices, hand_over)
 
     def serve_kept(self, kept: KeptBatch):
         return collate_windows(self.__getitems__(*kept.request))
@@ -525,29 +391,6 @@ class TsFileWindowDataset(View, tud.Dataset):
             return [f"{self._devices[table]}.{f}" for f in self.fields]
         return self.fields
 
-    def _make_normalizer(self, normalize) -> Normalizer | None:
-        if self.normalize_by == "column":
-            return make_normalizer(normalize, self.fields, self.stats)
-        qualified = [n for k in range(len(self._devices)) for n in self._table_names(k)]
-        if isinstance(normalize, Normalizer) and not isinstance(normalize, DeviceNormalizer):
-            raise ValueError(
-                f"normalize_by='device' takes normalize='minmax', 'standard', None or a "
-                f"DeviceNormalizer (a training dataset's ds.normalizer); got {normalize!r}"
-            )
-        flat = make_normalizer(normalize, qualified, self._device_stats)
-        if flat is None or isinstance(flat, DeviceNormalizer):
-            return flat
-        return DeviceNormalizer.from_normalizer(flat, self._devices, self.fields, self.targets)
-
-    def _device_stats(self, exact: bool) -> dict[str, dict]:
-        """Statistics per device and field (``device.field``), rows in range only."""
-        names = {
-            f"{d}.{f}": [self.core.tables[k].columns[j]]
-            for k, d in enumerate(self._devices)
-            for j, f in enumerate(self.fields)
-        }
-        return self.core.stats(names, exact)
-
     def __getstate__(self):
         out = super().__getstate__()
         out["_arguments"] = None  # sources may be open file objects; split before pickling
@@ -571,6 +414,170 @@ class TsFileWindowDataset(View, tud.Dataset):
             f"context_length={self.context_length}, horizon={self.horizon}, "
             f"stride={self.stride}, columns={self.columns_x}, targets={self.targets}, "
             f"order={self.order_spec.order!r})"
+        )
+
+
+def _gather(ds, indices: Sequence[int], hand_over: bool = False):
+    """Return the windows ``indices`` as a :class:`WindowBatch` (``hand_over``: or a
+    :class:`KeptBatch` where a make_loader worker may hand the batch over by reference)."""
+    core = ds.core
+    core.start_epoch(ds.epoch or 0)
+    length = ds.context_length + ds.horizon
+    k, start = ds.index.locate(indices)
+    row = np.maximum(start, 0)  # padded windows gather from row 0, then shift (below)
+    steps = np.arange(length)
+    store = core.whole_store() if len(k) else None
+    if store is not None:  # every device kept whole, in one array: one gather
+        if not store.known_whole():
+            for dk in np.unique(k):
+                core.fill(int(dk))
+        if hand_over and core.kept(None):  # before allocating what the main process fills
+            return KeptBatch((list(indices),))
+    arrays = batch_arrays(ds.items.specs(len(k)))
+    values, times = arrays["values"], arrays.get("times")
+    if not len(k):
+        return ds.items.items(arrays, k)
+    if store is not None:
+        pick = (store.offsets[k] + row)[:, None] + steps
+        # mode="clip" lets take write into ``out`` unbuffered (2.5x faster than "raise");
+        # every window lies inside its device's rows (_locate), so nothing is clipped
+        np.take(store.values, pick, axis=0, out=values, mode="clip")
+        if times is not None:
+            np.take(store.times, pick, out=times, mode="clip")
+        pad_windows(values, times, start)
+        return ds.items.items(arrays, k)
+    first_block = row // ds.block_rows
+    key = k * (1 << 40) + first_block
+    order = np.argsort(key, kind="stable")
+    groups = np.split(order, np.flatnonzero(np.diff(key[order])) + 1)
+    # cached blocks first: decoding a missing block then evicts blocks this batch is done
+    # with, never one it still needs (else a batch spanning two shuffle groups thrashes)
+    cache, rows = core.block_cache(), ds.block_rows
+    groups.sort(key=lambda m: (int(k[m[0]]), int(first_block[m[0]]) * rows) not in cache)
+    # time features are computed once per block, as it is decoded, and gathered like the
+    # values: a row is in about (context_length + horizon) / stride windows
+    feats = arrays.get("features")
+    for members in groups:
+        dk, b = int(k[members[0]]), int(first_block[members[0]])
+        block = ds._block(dk, b)
+        pick = (row[members] - b * ds.block_rows)[:, None] + steps
+        values[members] = np.take(block.values, pick, axis=0)  # 5x faster than [pick]
+        if times is not None:
+            times[members] = np.take(block.times, pick)
+        if feats is not None:
+            feats[members] = np.take(block.features, pick, axis=0)
+    pad_windows(values, times, start)
+    if feats is not None and start.min() < 0:  # padded windows' times were extrapolated
+        padded = start < 0
+        feats[padded] = time_features(times[padded], ds.time_features, ds.options.time_unit)
+    return ds.items.items(arrays, k, features_ready=True)
+
+
+def _forecast_from(ds, rows_before: np.ndarray, cut: int) -> None:
+    """Keep the windows whose first new row (the horizon's first; with ``horizon=0`` the
+    window's last) is device row ``rows_before[k]`` (the first at or after t) or later."""
+    first = rows_before - ds.context_length + (0 if ds.horizon else 1)
+    ds._set_windows(np.maximum(first, -ds._padding))
+    if not len(ds.index):
+        raise SchemaError(
+            f"split_by_time: no device has a whole window "
+            f"{'forecasting from' if ds.horizon else 'ending at or after'} t={cut} "
+            f"(context_length {ds.context_length} + horizon {ds.horizon} rows); pick "
+            f"an earlier t"
+        )
+    ds.passes.check_sharding(1)
+
+
+def _split_by_time(ds, t):
+    """See :meth:`TsFileWindowDataset.split_by_time`."""
+    cut = to_timestamp("t", t, ds.options.time_unit)
+    lo, hi = ds.options.start_time, ds.options.end_time
+    if (lo is not None and cut <= lo) or (hi is not None and cut > hi):
+        raise ValueError(
+            f"split_by_time: t={cut} must lie in (start_time, end_time] = ({lo}, {hi}]"
+        )
+    train = type(ds)(**{**ds._arguments, "end_time": cut - 1})
+    arguments = {**ds._arguments, "devices": train.devices}
+    if train.normalizer is not None:
+        arguments.update(normalize=train.normalizer, normalize_by=train.normalize_by)
+    validation = type(ds)(**arguments)
+    before = [table.num_rows for table in train.core.tables]  # each device's rows before t
+    _forecast_from(validation, np.asarray(before, dtype=np.int64), cut)
+    return train, validation
+
+
+def _missing_fraction(ds, k: int, starts: np.ndarray) -> np.ndarray:
+    """Return the fraction of missing (null or padded) values of each window of device k."""
+    table, n = ds.tables[k], ds.tables[k].num_rows
+    miss_x, miss_y = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
+    for lo in range(0, n, ds.block_rows):
+        hi = min(lo + ds.block_rows, n)
+        values, _ = table.read(ds.core.reader, lo, hi)
+        nan = np.isnan(values)
+        miss_x[lo + 1 : hi + 1] = nan[:, ds.items.x_pos].sum(axis=1)
+        miss_y[lo + 1 : hi + 1] = nan[:, ds.items.y_pos].sum(axis=1)
+    miss_x, miss_y = np.cumsum(miss_x), np.cumsum(miss_y)
+    c, h = ds.context_length, ds.horizon
+    first = np.maximum(starts, 0)
+    padded = (first - starts) * len(ds.items.x_pos)
+    missing = padded + miss_x[starts + c] - miss_x[first] + miss_y[starts + c + h]
+    missing -= miss_y[starts + c]
+    return missing / (c * len(ds.items.x_pos) + h * len(ds.items.y_pos))
+
+
+def _normalizer(ds, normalize) -> Normalizer | None:
+    """Resolve ``normalize=`` per field (``normalize_by="column"``) or per device and field."""
+    if ds.normalize_by == "column":
+        return make_normalizer(normalize, ds.fields, ds.stats)
+    qualified = [n for k in range(len(ds._devices)) for n in ds._table_names(k)]
+    if isinstance(normalize, Normalizer) and not isinstance(normalize, DeviceNormalizer):
+        raise ValueError(
+            f"normalize_by='device' takes normalize='minmax', 'standard', None or a "
+            f"DeviceNormalizer (a training dataset's ds.normalizer); got {normalize!r}"
+        )
+    flat = make_normalizer(normalize, qualified, lambda exact: _device_stats(ds, exact))
+    if flat is None or isinstance(flat, DeviceNormalizer):
+        return flat
+    return DeviceNormalizer.from_normalizer(flat, ds._devices, ds.fields, ds.targets)
+
+
+def _device_stats(ds, exact: bool) -> dict[str, dict]:
+    """Statistics per device and field (``device.field``), rows in range only."""
+    names = {
+        f"{d}.{f}": [ds.core.tables[k].columns[j]]
+        for k, d in enumerate(ds._devices)
+        for j, f in enumerate(ds.fields)
+    }
+    return ds.core.stats(names, exact)
+
+
+def _window_items(ds, read: ReadOptions) -> WindowItems:
+    """Return the shape of ``ds``'s items."""
+    return WindowItems(
+        ds.context_length,
+        ds.horizon,
+        ds.fields,
+        [ds.fields.index(f) for f in ds.columns_x],
+        [ds.fields.index(f) for f in ds.targets],
+        ds.return_dict,
+        ds.time_features,
+        read.dtype,
+        read.fill,
+        read.return_timestamps,
+        read.time_unit,
+        ds._tag_codes,
+    )
+
+
+def _check_long_enough(ds, core: ReadingCore) -> None:
+    """Raise SchemaError when no device has the rows of one window."""
+    longest = max(t.num_rows for t in core.tables)
+    needed = ds.context_length - ds._padding + ds.horizon
+    if longest < needed:
+        raise SchemaError(
+            f"no device has {needed} rows (context_length {ds.context_length} + horizon "
+            f"{ds.horizon}{' - padding' if ds._padding else ''}) in range; the longest "
+            f"has {longest}: use shorter windows, more data or a wider time range"
         )
 
 

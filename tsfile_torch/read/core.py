@@ -30,6 +30,7 @@ Example (no torch needed)::
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import sys
@@ -40,7 +41,6 @@ import numpy as np
 
 from tsfile_torch.catalog.build import (
     Catalog,
-    SourceMetadata,
     check_shared_timeline,
     lay_out,
     read_metadata,
@@ -136,8 +136,8 @@ STORES: dict[str, Callable[[ReadingCore], MemoryStore | None]] = {
 class ReadingCore:
     """Catalog, tables, this process's reader, the store of kept rows and the checks.
 
-    Build one with :meth:`open` (sources -> metadata) then :meth:`lay_out` (the view's catalog
-    and tables) and :meth:`finish` (normalizer, checks), or with :meth:`for_rows` in one call.
+    Build it (sources -> metadata: ``core.meta``), then :meth:`lay_out` the view's catalog and
+    tables and :meth:`finish` (normalizer, checks); :meth:`for_rows` does all three for rows.
     Pickles without native handles: a DataLoader worker or a Ray task reopens its readers.
 
     Args:
@@ -160,18 +160,9 @@ class ReadingCore:
         self.block_rows = options.block_rows or default_block_rows
         self._reader_cache = reader_cache
         self.remote = RemoteOptions.of(options)
-        expanded = expand_sources(sources, self.remote)
-        # manifests, then the first contact with each file in a child (Note: damaged files at
-        # build, Note: validation child)
-        screened = screen_sources(expanded, options.validate, options.on_damaged)
-        problems = screened.problems
-        skipped = problems if options.on_damaged == "skip" else None
-        #: what the files hold (metadata only), for the view to select its catalog from
-        self.meta: SourceMetadata = read_source_metadata(screened, skipped)
+        #: what the files hold (metadata only), for the view to select its catalog from;
         #: (file name, reason) of each file left out (``on_damaged="skip"``)
-        self.skipped = leave_out(problems, len(expanded))
-        for info in self.meta.files:
-            check_backend(info.source, options.read_backend)
+        self.meta, self.skipped = open_sources(sources, options, self.remote)
         #: shared memory where workers say what they read (Note: worker reports)
         self.slots: ReadSlots | None = ReadSlots()
         #: set on a worker's copy by make_loader: kept batches go by reference (Note: hand-over)
@@ -193,14 +184,10 @@ class ReadingCore:
     @classmethod
     def for_rows(cls, sources, columns: Sequence[str] | str | None = None, **read_options):
         """Return a finished core of one table: every selected column (the row datasets')."""
-        options = ReadOptions(**read_options)
-        core = cls(sources, options)
+        o = ReadOptions(**read_options)
+        core = cls(sources, o)
         catalog = lay_out(
-            core.meta,
-            columns,
-            options.start_time,
-            options.end_time,
-            shared_timeline=options.align is None,
+            core.meta, columns, o.start_time, o.end_time, shared_timeline=o.align is None
         )
         core.lay_out(catalog, [(tuple(range(len(catalog.columns))), "columns")])
         core.finish()
@@ -226,22 +213,16 @@ class ReadingCore:
         """
         self.catalog = catalog
         fill = self.options.fill if align_fill is None else align_fill
-        self.tables = [self._table(columns, what, fill) for columns, what in tables]
+        self.tables = [
+            make_table(catalog, columns, what, self.options, fill, self.new_reader)
+            for columns, what in tables
+        ]
         #: sums of decoded cells, shared with workers (Note: cell sums)
         self._cells = (
             CellSums(catalog, math.gcd(CELL_ROWS, self.block_rows, *decode_grid))
             if self.options.check_statistics
             else None
         )
-
-    def _table(self, columns: tuple[int, ...], what: str, fill: str) -> Table:
-        catalog = self.catalog
-        if len(timelines_of(catalog, columns)) > 1 and self.options.align is not None:
-            alignment = Alignment.build(catalog, columns, self.options.align, fill, self.new_reader)
-            if not alignment.identical:  # else positional rows: the fast path
-                return Table(columns, alignment.num_rows, alignment)
-        check_shared_timeline([catalog.columns[c] for c in columns], what)
-        return Table(columns, catalog.columns[columns[0]].num_rows)
 
     def finish(
         self,
@@ -263,6 +244,7 @@ class ReadingCore:
 
     @property
     def table_sizes(self) -> list[int]:
+        """Rows of each table."""
         return [t.num_rows for t in self.tables]
 
     @property
@@ -284,7 +266,7 @@ class ReadingCore:
             dtype=self.dtype,
             block_rows=self.block_rows,
             malloc_tuning=o.malloc_tuning,
-            decode_threads=self._decode_threads(),
+            decode_threads=decode_threads(o),
             cache_bytes=o.cache_bytes if self._reader_cache else 0,
             max_open_files=o.max_open_files,
             index_dir=o.index_dir,
@@ -306,13 +288,6 @@ class ReadingCore:
                 slots, wid = self.slots, worker[0]
                 self._reader.on_read = lambda text: slots.write(wid, text)
         return self._reader
-
-    def _decode_threads(self) -> int:
-        if self.options.decode_threads is not None:
-            return self.options.decode_threads
-        if worker_id() is not None:
-            return 1
-        return max(1, min(4, os.cpu_count() or 1))
 
     def start_epoch(self, epoch: int) -> BatchReader:
         """Return the reader, checking the files at each new epoch (streaming: cache emptied)."""
@@ -391,13 +366,10 @@ class ReadingCore:
         return values.astype(self.dtype, copy=False)
 
     def block(self, table: int, lo: int, hi: int, annotate=None) -> Block:
-        """Return rows ``[lo, hi)`` of ``table`` as a :class:`Block` to gather items from.
-
-        From the store when it holds every table (filled here first), else a finalized block
-        kept in a byte-bounded LRU (``cache_bytes``, default 256 MiB) keyed by ``(table, lo)``;
-        ``annotate(times)`` (e.g. time features) runs once per decoded block into
-        ``block.features``.
-        """
+        """Return rows ``[lo, hi)`` of ``table`` as a :class:`Block` to gather items from: from
+        the store when it holds every table (filled here first), else a finalized block kept in
+        a byte-bounded LRU (``cache_bytes``, default 256 MiB) keyed by ``(table, lo)``;
+        ``annotate(times)`` (time features) runs once per decoded block (``block.features``)."""
         store = self.whole_store()
         if store is not None:
             self.fill(table)
@@ -425,22 +397,17 @@ class ReadingCore:
 
     # -- the store ---------------------------------------------------------------------------
     def store(self) -> MemoryStore | None:
-        """Return this process's store of kept rows (:data:`STORES`), or None.
-
-        ``None`` with ``cache="none"``, and with ``cache="disk"`` when the disk cache cannot be
-        used here (it warned once; rows are decoded as when streaming).
-        """
+        """Return this process's store of kept rows (:data:`STORES`), or None (``cache="none"``,
+        or a disk cache unusable here: it warned once, rows are decoded as when streaming)."""
         self.reader  # noqa: B018 - a store belongs to the process's reader
         if self._store is False:
             self._store = STORES[self.options.cache](self)
         return self._store
 
     def whole_store(self) -> MemoryStore | None:
-        """Return the store when tables can be kept whole in it (else None: read blocks).
-
-        A read-only disk cache (Note: decoded disk cache) serves only when it holds every
-        table already: rows it lacks could not be kept, and a gather must not read them.
-        """
+        """Return the store when tables can be kept whole in it (else None: read blocks); a
+        read-only disk cache only when it holds every table already (rows it lacks could not be
+        kept, and a gather must not read them)."""
         store = self.store()
         if store is None or store.writable:
             return store
@@ -459,45 +426,21 @@ class ReadingCore:
             if not store.has(table, lo, hi):  # another process may have filled it (disk)
                 self.rows(table, lo, hi)
 
-    def kept(self, table: int, start: int, stop: int) -> bool:
-        """Whether a worker hands rows ``[start, stop)`` over by reference (Note: hand-over)."""
+    def kept(self, table: int, start: int = 0, stop: int = 0, rows=None) -> bool:
+        """Whether a make_loader worker hands rows ``[start, stop)`` (or the rows ``rows``) of
+        ``table`` over by reference (Note: hand-over); ``table=None``: any gather (every table
+        is kept whole)."""
         store = self._handing_over()
-        return store is not None and store.has(table, start, stop)
-
-    def kept_rows(self, table: int, rows: np.ndarray) -> bool:
-        """Whether a worker hands rows ``rows`` over by reference (Note: hand-over)."""
-        store = self._handing_over()
-        return store is not None and store.has_rows(rows + store.offsets[table])
-
-    def kept_whole(self) -> bool:
-        """Whether a worker hands any gather over by reference: every table is kept."""
-        store = self._handing_over()
-        return store is not None and store is self.whole_store()
+        if store is None or table is None:
+            return store is not None and store is self.whole_store()
+        if rows is not None:
+            return store.has_rows(rows + store.offsets[table])
+        return store.has(table, start, stop)
 
     def _handing_over(self) -> MemoryStore | None:
         if not self.hand_over or self.options.cache != "disk":
             return None
         return self.store()
-
-    def cache_key(self) -> str | None:
-        """Return what shapes the kept values (the disk cache's key), or None if unkeyable."""
-        files = [info.index_key for info in self.catalog.files]  # as the catalog read them
-        if None in files:
-            return None
-        o = self.options
-        return diskcache.fingerprint(
-            {
-                "format": 1,
-                "files": files,
-                "names": [info.name for info in self.catalog.files],
-                "columns": self.catalog.column_names,
-                "tables": [[list(t.columns), t.num_rows] for t in self.tables],
-                "dtype": np.dtype(self.dtype).str,
-                "time": [o.start_time, o.end_time, self.catalog.start_time, self.catalog.end_time],
-                "align": [o.align, o.fill],
-                "normalize": repr(self.normalizer),
-            }
-        )
 
     @property
     def cached_bytes(self) -> int:
@@ -510,13 +453,8 @@ class ReadingCore:
     def stats(self, names: dict[str, list[int]], exact: bool = False) -> dict[str, dict]:
         """Return statistics per name over the catalog columns listed for it (see
         :func:`tsfile_torch.read.stats.series_stats`): metadata, or with ``exact`` one pass."""
-        return series_stats(
-            self.catalog,
-            names,
-            exact,
-            lambda catalog: self.new_reader(catalog, dtype=np.float64, cache_bytes=0),
-            self.block_rows,
-        )
+        reader = functools.partial(self.new_reader, dtype=np.float64, cache_bytes=0)
+        return series_stats(self.catalog, names, exact, reader, self.block_rows)
 
     @property
     def backends(self) -> dict[str, str]:
@@ -558,9 +496,68 @@ def _copy(values: np.ndarray, times: np.ndarray, out=None) -> tuple[np.ndarray, 
     return out
 
 
-def read_source_metadata(screened, skipped) -> SourceMetadata:
-    """Return the metadata of the screened sources (files left out with ``skipped``)."""
-    return read_metadata(screened.sources, screened.identities, skipped)
+def decode_threads(options: ReadOptions) -> int:
+    """Return the native decode threads of a reader: as asked, else 1 in a DataLoader worker
+    (the workers are the parallelism), else up to 4."""
+    if options.decode_threads is not None:
+        return options.decode_threads
+    if worker_id() is not None:
+        return 1
+    return max(1, min(4, os.cpu_count() or 1))
+
+
+def make_table(
+    catalog: Catalog,
+    columns: tuple[int, ...],
+    what: str,
+    options: ReadOptions,
+    fill: str,
+    new_reader,
+) -> Table:
+    """Return the table of ``columns``: positional on one timeline, else aligned on time."""
+    if len(timelines_of(catalog, columns)) > 1 and options.align is not None:
+        alignment = Alignment.build(catalog, columns, options.align, fill, new_reader)
+        if not alignment.identical:  # else positional rows: the fast path
+            return Table(columns, alignment.num_rows, alignment)
+    check_shared_timeline([catalog.columns[c] for c in columns], what)
+    return Table(columns, catalog.columns[columns[0]].num_rows)
+
+
+def open_sources(sources, options: ReadOptions, remote: RemoteOptions):
+    """Expand and screen ``sources``; return their metadata and the files left out.
+
+    Manifests, then the first contact with each file in a child (Note: damaged files at build,
+    Note: validation child); the backend asked for is checked against every file.
+    """
+    expanded = expand_sources(sources, remote)
+    screened = screen_sources(expanded, options.validate, options.on_damaged)
+    problems = screened.problems
+    skipped = problems if options.on_damaged == "skip" else None
+    meta = read_metadata(screened.sources, screened.identities, skipped)
+    for info in meta.files:
+        check_backend(info.source, options.read_backend)
+    return meta, leave_out(problems, len(expanded))
+
+
+def cache_key(core: ReadingCore) -> str | None:
+    """Return what shapes the kept values (the disk cache's key), or None if unkeyable."""
+    files = [info.index_key for info in core.catalog.files]  # as the catalog read them
+    if None in files:
+        return None
+    o = core.options
+    return diskcache.fingerprint(
+        {
+            "format": 1,
+            "files": files,
+            "names": [info.name for info in core.catalog.files],
+            "columns": core.catalog.column_names,
+            "tables": [[list(t.columns), t.num_rows] for t in core.tables],
+            "dtype": np.dtype(core.dtype).str,
+            "time": [o.start_time, o.end_time, core.catalog.start_time, core.catalog.end_time],
+            "align": [o.align, o.fill],
+            "normalize": repr(core.normalizer),
+        }
+    )
 
 
 def _warn_inexact_integers(catalog: Catalog, dtype: str) -> None:
