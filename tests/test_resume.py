@@ -122,9 +122,10 @@ def test_state_dict_names_epoch_position_and_what_they_refer_to(small_dir):
     state = ds.state_dict()
     assert set(state) == {
         "epoch", "position", "worker", "num_workers", "order", "rank", "world_size", "layout",
-        "history",
+        "history", "data",
     }  # fmt: skip
-    assert {k: v for k, v in state.items() if k != "layout"} == {
+    assert isinstance(state["data"], str) and len(state["data"]) == 16  # a fingerprint
+    assert {k: v for k, v in state.items() if k not in ("layout", "data")} == {
         "epoch": 1,
         "position": 2,
         "worker": 0,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch.data.view import KeptBatch, LoaderSpec, View, resolve_rank
+from tsfile_torch.data.view import KeptBatch, LoaderSpec, View, data_fingerprint, resolve_rank
 from tsfile_torch.data.window_items import WindowBatch, collate_windows
 from tsfile_torch.data.windows import TsFileWindowDataset
 from tsfile_torch.integrity.reports import ReadSlots
@@ -186,6 +186,10 @@ class MixedWindows(View, tud.Dataset):
     def close(self) -> None:
         for d in self.datasets:
             d.close()
+
+    def data_identity(self) -> str:
+        """A fingerprint of the datasets' data and the weights mixing them."""
+        return data_fingerprint([[d.data_identity() for d in self.datasets], self.weights])
 
     def serve_kept(self, kept: KeptBatch):
         return collate_windows(self.__getitems__(*kept.request))

@@ -27,7 +27,10 @@ every :class:`KeptBatch` back into the batch before the user sees it.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+import weakref
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,6 +102,12 @@ class KeptBatch:
 
     def __repr__(self) -> str:
         return f"KeptBatch({self.request!r})"
+
+
+def data_fingerprint(parts) -> str:
+    """Return a short stable digest of JSON-able ``parts``."""
+    text = json.dumps(parts, sort_keys=True, default=str)
+    return hashlib.blake2b(text.encode(), digest_size=8).hexdigest()
 
 
 @dataclass
@@ -222,6 +231,14 @@ class View:
 
     def _identity(self, batch_size: int | None = None) -> dict[str, Any]:
         return self.passes.identity(batch_size)
+
+    def data_identity(self) -> str:
+        """A fingerprint of what the items are made of (file base names, columns, rows of each
+        table; not where the files lie, so a job moved to other paths or nodes resumes): a
+        resume state saved over other data is refused."""
+        cat = self.catalog
+        files = [os.path.basename(f.name.rstrip("/")) for f in cat.files]
+        return data_fingerprint([files, cat.column_names, self.core.table_sizes])
 
     def resume_elsewhere(self, epoch: int, history: tuple) -> None:
         """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
@@ -377,10 +394,16 @@ class _SamplerPass(Iterator):
     DataLoader creates iterators it never uses). Its state is its pass point."""
 
     def __init__(self, sampler: EpochSampler):
-        self.sampler = sampler
+        # by a weak reference: the sampler keeps its latest pass, and a cycle between them
+        # would keep the dataset (its files, its mappings) alive until a garbage collection
+        self._sampler = weakref.ref(sampler)
         self.cursor: state.Cursor | None = None
         self._pending: state.PassPoint | None = None  # a loaded point, not begun
         self.finished = False  # raised StopIteration
+
+    @property
+    def sampler(self) -> EpochSampler:
+        return self._sampler()
 
     @property
     def exact(self) -> bool:

@@ -117,7 +117,7 @@ def _disk_store(core: ReadingCore) -> MemoryStore | None:
         core.table_sizes,
         core.width,
         core.dtype,
-        core.cache_key(),
+        cache_key(core),
         o.cache_dir,
         o.cache_limit,
         quiet,

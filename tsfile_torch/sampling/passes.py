@@ -46,6 +46,7 @@ class Passes:
 
     def __init__(self, view, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
+        self._data: str | None = None
         self.bind(view)
         self.epochs = state.EpochCounter()
         self._passes = 0
@@ -84,11 +85,14 @@ class Passes:
     def identity(self, batch_size: int | None = None) -> dict[str, Any]:
         """What the delivered order depends on besides the epoch (checked on resume)."""
         starts, per_batch = self._layout()
+        view = self._view()
         layout = [int(starts[-1]), len(starts) - 1, batch_size or per_batch]
-        extra = getattr(self._view(), "_layout_extra", None)
+        extra = getattr(view, "_layout_extra", None)
         if extra is not None:
             layout += extra()
-        return {state.ORDER: self.spec.identity, state.LAYOUT: layout}
+        if self._data is None:  # what the items are made of: fixed once the view is built
+            self._data = view.data_identity()
+        return {state.ORDER: self.spec.identity, state.LAYOUT: layout, state.DATA: self._data}
 
     def epoch_batches(
         self, epoch: int, batch_size: int | None = None, history: tuple = ()

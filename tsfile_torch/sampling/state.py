@@ -51,7 +51,7 @@ _PID_BITS, _TAG_BITS = 22, 16  # Linux pids fit 22 bits; elsewhere they are mask
 # state_dict keys
 EPOCH, POSITION, WORKER, NUM_WORKERS = "epoch", "position", "worker", "num_workers"
 RANK, WORLD_SIZE, ORDER, LAYOUT = "rank", "world_size", "order", "layout"
-HISTORY = "history"
+HISTORY, DATA = "history", "data"
 
 
 class _Word(NamedTuple):
@@ -203,6 +203,13 @@ def check_state(saved: Any, identity: dict, owner: str) -> PassPoint:
         raise ValueError(f"a state_dict of {owner} needs the keys {sorted(keys)}; got {got}")
     for key, mine in identity.items():
         theirs = saved[key]
+        if key == DATA and theirs != mine:
+            raise ValueError(
+                f"cannot load this state_dict into {owner}: it was saved over other data (another "
+                f"selection of files, columns, devices or rows: fingerprint {theirs!r}, this one "
+                f"{mine!r}); build the dataset over the same sources and columns as when the "
+                f"state was saved"
+            )
         if _plain(theirs) != _plain(mine):
             raise ValueError(
                 f"cannot load this state_dict into {owner}: it was saved with {key}={theirs!r}, "

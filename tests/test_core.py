@@ -1,0 +1,151 @@
+"""The reading core as a caller sees it: called directly, by every view, in any process."""
+
+from __future__ import annotations
+
+import ast
+import gc
+import pathlib
+import pickle
+import weakref
+
+import numpy as np
+import pytest
+
+from tsfile_torch import (
+    MixedWindows,
+    TsFileIterableDataset,
+    TsFileWindowDataset,
+    make_loader,
+    synthetic,
+)
+from tsfile_torch.data.view import KeptBatch
+from tsfile_torch.read.core import STORES, ReadingCore
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def panel(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("core-panel")
+    synthetic.write_panel(directory, num_devices=3, num_fields=2, num_rows=[900, 400, 650])
+    return directory
+
+
+def test_a_script_reads_rows_through_the_core_without_a_dataset(small_dir, small_expected):
+    core = ReadingCore.for_rows(small_dir, columns=["t.d1.*"], read_backend="mmap")
+    assert core.catalog.column_names == ["t.d1.s0", "t.d1.s1", "t.d1.s2"]
+    want = small_expected[:, 3:6].astype(np.float32)  # file 0's device d1
+    values, times = core.rows(0, 4000, 4100)
+    np.testing.assert_array_equal(values, want[4000:4100])
+    np.testing.assert_array_equal(times, np.arange(4000, 4100))
+    rows = np.array([3, 17, 4999])
+    values, times = core.take(0, rows)
+    np.testing.assert_array_equal(values, want[rows])
+    np.testing.assert_array_equal(times, rows)
+    assert core.backends and set(core.backends.values()) == {"mmap"}
+
+
+def test_a_pickled_core_reads_the_same_rows_in_a_new_interpreter(small_dir, run_python, tmp_path):
+    core = ReadingCore.for_rows(small_dir, columns=["t.d0.s2"])
+    values, _ = core.rows(0, 10, 20)  # opens a reader here: it must not travel
+    path = tmp_path / "core.pkl"
+    path.write_bytes(pickle.dumps(core))
+    code = (
+        "import pickle, sys; core = pickle.load(open(sys.argv[1], 'rb'));"
+        "print(core.rows(0, 10, 20)[0].ravel().tolist())"
+    )
+    done = run_python(code, str(path), check=True)
+    assert eval(done.stdout.strip()) == values.ravel().tolist()
+
+
+@pytest.mark.parametrize("cache", sorted(STORES))
+def test_every_store_gives_the_streamed_rows_and_keeps_what_it_says(small_dir, tmp_path, cache):
+    plain = ReadingCore.for_rows(small_dir, columns=["t.d0.*"])
+    core = ReadingCore.for_rows(small_dir, columns=["t.d0.*"], cache=cache, cache_dir=tmp_path)
+    for _ in range(2):
+        for start in range(0, 5000, 1250):
+            got = core.rows(0, start, start + 1250)
+            want = plain.rows(0, start, start + 1250)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+    store = core.store()
+    if cache == "none":
+        assert store is None
+    else:
+        assert store.has(0, 0, 5000) and store.values.shape == (5000, 3)
+
+
+def test_the_finalized_blocks_of_a_window_view_live_in_its_core(panel):
+    ds = TsFileWindowDataset(panel, 24, 8, stride=4)
+    assert ds.core.cached_bytes == 0
+    ds.gather(list(range(10)))
+    assert ds.core.cached_bytes > 0 and ds.cached_bytes == ds.core.cached_bytes
+    ds.close()
+    assert ds.core.cached_bytes == 0
+
+
+def test_a_dropped_dataset_closes_its_files_at_once(small_dir, panel):
+    """Views, passes and cores make no reference cycle: no garbage collection needed to unmap."""
+    gc.disable()
+    try:
+        for build, batch_size in (
+            (lambda: TsFileIterableDataset(small_dir, batch_size=1000, cache="memory"), None),
+            (lambda: TsFileWindowDataset(panel, 24, 8, stride=4), 16),
+        ):
+            ds = build()
+            list(make_loader(ds, batch_size=batch_size))
+            reader = weakref.ref(ds.core.reader)
+            del ds
+            assert reader() is None
+    finally:
+        gc.enable()
+
+
+def test_a_state_saved_over_other_data_is_refused(small_dir, tmp_path):
+    ds = TsFileIterableDataset(small_dir, batch_size=500)
+    it = iter(ds)
+    next(it)
+    state = ds.state_dict()
+    fewer = TsFileIterableDataset(small_dir, batch_size=500, columns=["t.d0.s0", "t.d0.s1"])
+    with pytest.raises(ValueError, match="saved over other data"):
+        fewer.load_state_dict(state)
+    other = tmp_path / "other"
+    synthetic.write_table_files(other, synthetic.DatasetSpec(num_files=1, num_rows=5000))
+    with pytest.raises(ValueError, match="saved over other data"):
+        TsFileIterableDataset(other, batch_size=500).load_state_dict(state)
+    again = TsFileIterableDataset(small_dir, batch_size=500)
+    again.load_state_dict(state)  # the same data loads
+    assert again.state_dict()["position"] == 1
+
+
+def test_a_disk_cached_mixture_hands_its_kept_batches_over_by_reference(panel, tmp_path):
+    def mix(cache):
+        parts = [
+            TsFileWindowDataset(
+                panel, 24, 8, stride=4, devices=[d], cache=cache, cache_dir=tmp_path
+            )
+            for d in ("meters.s0", "meters.s1")
+        ]
+        return MixedWindows(parts, [1.0, 2.0], num_samples=200, seed=5)
+
+    streamed = make_loader(mix("none"), batch_size=32, num_workers=2)
+    want = [list(streamed) for _ in range(2)]
+    ds = mix("disk")
+    loader = make_loader(ds, batch_size=32, num_workers=2)
+    list(loader)  # epoch 0 fills both entries
+    sent = list(iter(loader)._inner)  # what the workers sent in epoch 1
+    assert sent and all(isinstance(b, KeptBatch) for b in sent)
+    ds.set_epoch(0)
+    for epoch in range(2):
+        for got, expected in zip(loader, want[epoch], strict=True):
+            np.testing.assert_array_equal(got[0].numpy(), expected[0].numpy())
+            np.testing.assert_array_equal(got[1].numpy(), expected[1].numpy())
+
+
+def test_make_loader_names_no_dataset_class():
+    """make_loader asks each view's loader_spec(); it checks no types of ours."""
+    tree = ast.parse((ROOT / "tsfile_torch" / "loader.py").read_text())
+    names = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}
+    names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    ours = {"TsFileDataset", "TsFileIterableDataset", "TsFileWindowDataset", "MixedWindows"}
+    assert not names & ours
