@@ -149,3 +149,15 @@ def test_make_loader_names_no_dataset_class():
     names |= {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
     ours = {"TsFileDataset", "TsFileIterableDataset", "TsFileWindowDataset", "MixedWindows"}
     assert not names & ours
+
+
+def test_num_samples_is_the_one_name_of_random_items_for_rows_and_windows(small_dir):
+    by_old_name = list(TsFileIterableDataset(small_dir, batch_size=100, random_batches=7, seed=3))
+    rows = TsFileIterableDataset(small_dir, batch_size=100, num_samples=7, order="random", seed=3)
+    assert rows.num_samples == 7 and len(rows) == 7
+    for a, b in zip(by_old_name, rows, strict=True):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    with pytest.raises(ValueError, match="one setting"):
+        TsFileIterableDataset(small_dir, batch_size=100, num_samples=7, random_batches=7)
+    with pytest.raises(ValueError, match="num_samples draws random windows"):
+        TsFileIterableDataset(small_dir, batch_size=100, num_samples=7, shuffle=True)

@@ -70,16 +70,25 @@ class _Rows(View):
         *,
         order: str | None = None,
         shuffle_blocks: int = 16,
+        num_samples: int | None = None,
         **read_options,
     ):
         read = ReadOptions(**read_options)
         self.batch_size = check_int("batch_size", batch_size, 1, 2**40)
         name = orders.resolve_order(order, shuffle)
+        if num_samples is not None and random_batches is not None:
+            raise ValueError(
+                f"num_samples and random_batches are one setting (random batches per epoch); "
+                f"got num_samples={num_samples!r}, random_batches={random_batches!r}: pass "
+                f"num_samples only"
+            )
+        arg = "num_samples" if num_samples is not None else "random_batches"
+        random_batches = num_samples if num_samples is not None else random_batches
         if random_batches is not None:
-            check_int("random_batches", random_batches, 1, orders.MAX_SAMPLES)
-            if name != "sequential":
+            check_int(arg, random_batches, 1, orders.MAX_SAMPLES)
+            if name not in ("sequential", "random"):
                 raise ValueError(
-                    f"random_batches draws random windows already; it cannot be combined with "
+                    f"{arg} draws random windows already; it cannot be combined with "
                     f"order={name!r} / shuffle=True: leave them out"
                 )
             name = "random"
@@ -142,6 +151,11 @@ class _Rows(View):
     @property
     def random_batches(self) -> int | None:
         """Random windows per epoch now in force (``None``: full passes over the rows)."""
+        return self.spec.num_samples
+
+    @property
+    def num_samples(self) -> int | None:
+        """Items per epoch of ``order="random"`` (random batches here; windows for windows)."""
         return self.spec.num_samples
 
     def set_random_batches(self, count: int | None) -> None:
@@ -254,7 +268,8 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         seed: seed of every random choice (any integer, modulo 2**64).
         drop_last: leave out the last short batch; DDP ranks are trimmed instead of padded.
         random_batches: if set, each epoch is this many windows of ``batch_size`` rows at
-            uniformly random rows (``order="random"``).
+            uniformly random rows (``order="random"``). ``num_samples`` is the same setting
+            under the name the window datasets use (pass one of the two).
         shuffle_blocks: blocks mixed by ``order="shuffle"`` (memory: that many decoded blocks).
         rank, world_size: this process's DDP rank and the number of ranks; ``None`` (both):
             captured now (see Note: rank capture in :mod:`tsfile_torch.data.view`).
