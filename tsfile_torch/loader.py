@@ -34,6 +34,7 @@ import os
 import threading
 import warnings
 import weakref
+from typing import NamedTuple
 
 import torch
 import torch.utils.data as tud
@@ -91,15 +92,49 @@ def _spec(dataset) -> LoaderSpec:
     return spec()
 
 
+class _Resume(NamedTuple):
+    """Note: loader resume. Where a make_loader pass stands, counted in the main process.
+
+    The epoch of a pass is decided in the main process when the iteration starts (the view's
+    ``begin_epoch``: workers take it as set), and the batches handed to the training loop are
+    counted here, so the loader's ``state_dict()`` says (epoch, batches delivered, finished,
+    topology, history) from what it saw itself. A state loaded under another topology resumes
+    from that record alone (Note: elastic resume in :mod:`tsfile_torch.sampling.orders`); no
+    part of torchdata's own state layout is read. Under the same topology torchdata resumes each
+    worker exactly, as it saved them.
+    """
+
+    epoch: int
+    delivered: int
+    finished: bool
+    topology: tuple  # (workers, rank, world size); 1 worker for the main process
+    history: tuple  # earlier topologies of this epoch: (world size, workers, delivered) each
+
+    def as_state(self, identity: dict) -> dict:
+        return {
+            "epoch": self.epoch,
+            "delivered": self.delivered,
+            "finished": self.finished,
+            "topology": list(self.topology),
+            "history": [list(h) for h in self.history],
+            **identity,
+        }
+
+
+_KEY = "tsfile_torch"
+
+
 class _Pass:
     """One iteration of a loader: worker failures named, epoch sums checked, effects undone."""
 
-    def __init__(self, loader, inner, scope: LoaderScope):
+    def __init__(self, loader, inner, scope: LoaderScope, start: _Resume):
         self._loader = loader
         self._inner = inner
         self._scope = scope
         scope.watch(bool(getattr(inner, "_workers", None)))
         self._sums = loader._epoch_sums()
+        #: where this pass stands, counted here in the main process (Note: loader resume)
+        self.point = start
 
     def __iter__(self):
         return self
@@ -112,6 +147,7 @@ class _Pass:
             batch = next(self._inner)
         except StopIteration:
             self._end()
+            self.point = self.point._replace(finished=True)
             if self._sums is not None:
                 sums, self._sums = self._sums, None
                 if sums.check():
@@ -132,6 +168,7 @@ class _Pass:
         except BaseException:
             self._end()
             raise
+        self.point = self.point._replace(delivered=self.point.delivered + 1)
         if isinstance(batch, KeptBatch):  # Note: hand-over
             batch = self._loader._spec.serve(batch)
             if self._loader.pin_memory:
@@ -174,6 +211,7 @@ class _Guarded:
                     f"with DataLoader workers; two loaders over one dataset object would share "
                     f"its epoch: finish or delete the first iteration, or build a second dataset"
                 )
+        start = self._start_point()
         # before the DataLoader touches process settings
         scope = LoaderScope(self._spec.slots, self.num_workers > 0)
         try:
@@ -181,10 +219,28 @@ class _Guarded:
         except BaseException:
             scope.close()
             raise
-        out = _Pass(self, inner, scope)
+        out = _Pass(self, inner, scope, start)
         self._running = weakref.ref(out)
         ds.__dict__["_running_loader"] = weakref.ref(self)
         return out
+
+    _loaded: _Resume | None = None  # a state of the same topology, loaded (stateful loader)
+
+    def _start_point(self) -> _Resume:
+        """Return where the pass about to start stands; its epoch is decided here, in the main
+        process (Note: loader resume)."""
+        loaded, self._loaded = self._loaded, None
+        if loaded is not None and not loaded.finished:
+            return loaded
+        target = _resume_target(self)
+        if target is None:  # a sampler of the user's: nothing to resume through
+            return _Resume(self.dataset.epochs.peek(), 0, False, self._topology(), ())
+        epoch, history = target.begin_main_pass()
+        return _Resume(epoch, 0, False, self._topology(), history)
+
+    def _topology(self) -> tuple[int, int, int]:
+        ds = self.dataset
+        return (max(self.num_workers, 1), ds.rank, ds.world_size)
 
     def _epoch_sums(self) -> EpochSums | None:
         ds, spec = self.dataset, self._spec
@@ -310,66 +366,60 @@ def _init_worker(
 
 
 def saved_num_workers(state: dict) -> int:
-    """Return the ``num_workers`` of the StatefulDataLoader that saved ``state``.
+    """Return the ``num_workers`` of the make_loader loader that saved ``state`` (0 or more).
 
-    Reads torchdata 0.11's state layout (the version the ``resume`` extra pins): a
-    multi-process state has ``_snapshot._main_snapshot._num_workers``, a single-process one no
-    ``_snapshot``.
+    Raises:
+        ValueError: ``state`` is not a state of a make_loader stateful loader.
     """
-    snapshot = state.get("_snapshot")
-    if snapshot is None:
-        return 0
-    return int(snapshot["_main_snapshot"]["_num_workers"])
+    ours = state.get(_KEY) if isinstance(state, dict) else None
+    if not isinstance(ours, dict) or "topology" not in ours:
+        raise ValueError(
+            "this state_dict was not saved by a make_loader(..., stateful=True) loader of this "
+            "version of tsfile-torch (it has no 'tsfile_torch' record)"
+        )
+    workers = int(ours["topology"][0])
+    return workers if state.get("_snapshot") else 0
 
 
-def _handover(loader, saved: dict) -> tuple[int, tuple] | None:
-    """Return (epoch, history) to resume ``saved`` elsewhere, or None to load it as it is.
+def _resume_target(loader):
+    """Return what passes of ``loader`` resume through: the iterable dataset, or the loader's
+    EpochSampler (None: a sampler of the user's)."""
+    if loader._spec.iterable:
+        return loader.dataset
+    sampler = loader.batch_sampler if loader._spec.windows else loader.sampler
+    return sampler if isinstance(sampler, EpochSampler) else None
 
-    Reads torchdata 0.11's state layout: the loader's delivered count (``_num_yielded``, or
-    the snapshot step plus the steps since), the dataset's or sampler's pass points.
-    """
+
+def _identity(loader) -> tuple[dict, str]:
+    """Return what the loader's order depends on, and who owns it (for messages)."""
+    if loader._spec.iterable:
+        return loader.dataset._identity(), type(loader.dataset).__name__
+    sampler = loader.batch_sampler if loader._spec.windows else loader.sampler
+    if isinstance(sampler, EpochSampler):
+        return sampler.identity(), "EpochSampler"
+    return {}, type(loader.dataset).__name__
+
+
+def _read_record(loader, saved: dict) -> _Resume:
+    """Return the loader record of ``saved`` after checking it was saved over this order."""
     from tsfile_torch.sampling.state import check_state
 
-    ds = loader.dataset
-    snapshot = saved.get("_snapshot")
-    main = snapshot["_main_snapshot"] if snapshot else saved
-    if loader._spec.iterable:
-        owner, identity = type(ds).__name__, ds._identity()
-        states = (
-            [w["dataset_state"] for w in snapshot["_worker_snapshots"].values()]
-            if snapshot
-            else [saved.get("dataset_state")]
+    ours = saved.get(_KEY) if isinstance(saved, dict) else None
+    identity, owner = _identity(loader)
+    if not isinstance(ours, dict) or not {"delivered", "topology", "finished"} <= set(ours):
+        raise ValueError(
+            f"cannot load this state_dict into a make_loader loader over a {owner}: it has no "
+            f"'tsfile_torch' record (it was not saved by make_loader(..., stateful=True)); "
+            f"save the state with loader.state_dict() of a make_loader loader"
         )
-    else:
-        sampler = (
-            loader.batch_sampler
-            if isinstance(loader.batch_sampler, EpochSampler)
-            else (loader.sampler)
-        )
-        if not isinstance(sampler, EpochSampler):
-            return None
-        owner, identity = "EpochSampler", sampler.identity()
-        states = [main.get("_sampler_iter_state") or main.get("_index_sampler_state")]
-    points = [check_state(s, identity, owner) for s in states if s is not None]
-    points = [p for p in points if p.epoch is not None]
-    if not points:
-        return None
-    point = max(points, key=lambda p: p.epoch)
-    workers = saved_num_workers(saved)
-    if (max(workers, 1), point.rank, point.world_size) == (
-        max(loader.num_workers, 1),
-        ds.rank,
-        ds.world_size,
-    ):
-        return None  # the same topology: torchdata resumes each worker exactly
-    if saved.get("_iterator_finished"):
-        return point.epoch + 1, ()
-    if snapshot:
-        delivered = snapshot["_snapshot_step"] + saved.get("_steps_since_snapshot", 0)
-    else:
-        delivered = saved["_num_yielded"]
-    segment = point._replace(num_workers=max(workers, 1)).handed_over(delivered)
-    return point.epoch, segment
+    point = check_state({**ours, "position": 0}, identity, owner)
+    return _Resume(
+        point.epoch,
+        int(ours["delivered"]),
+        bool(ours["finished"]),
+        tuple(int(v) for v in ours["topology"]),
+        point.history,
+    )
 
 
 @functools.cache
@@ -398,21 +448,37 @@ def _stateful_loader_class():
         def _epoch_sums(self):
             return None
 
+        def state_dict(self) -> dict:
+            out = super().state_dict()
+            running = self._running() if self._running is not None else None
+            point = running.point if running is not None else self._loaded
+            if point is None:  # no pass yet: the next one starts its epoch afresh
+                point = _Resume(self.dataset.epochs.peek(), 0, False, self._topology(), ())
+            out[_KEY] = point.as_state(_identity(self)[0])
+            return out
+
         def load_state_dict(self, state_dict: dict) -> None:
-            handover = _handover(self, state_dict) if state_dict else None
-            if handover is None:
+            if not state_dict:
                 super().load_state_dict(state_dict)
                 return
-            epoch, history = handover
-            target = (
-                self.dataset
-                if self._spec.iterable
-                else (
-                    self.batch_sampler
-                    if isinstance(self.batch_sampler, EpochSampler)
-                    else self.sampler
+            record = _read_record(self, state_dict)
+            if record.topology == self._topology():  # torchdata resumes each worker exactly
+                theirs = {k: v for k, v in state_dict.items() if k != _KEY}
+                super().load_state_dict(theirs)
+                self._loaded = record
+                return
+            if record.finished:
+                epoch, history = record.epoch + 1, ()
+            else:
+                workers, rank, world_size = record.topology
+                done = (world_size, workers, record.delivered)
+                epoch, history = record.epoch, (*record.history, done)
+            target = _resume_target(self)
+            if target is None:
+                raise ValueError(
+                    "this loader's sampler is not make_loader's EpochSampler: a state of "
+                    "another topology can only resume through it"
                 )
-            )
             target.resume_elsewhere(epoch, history)
             super().load_state_dict({})
 

@@ -244,6 +244,11 @@ class View:
         """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
         self.passes.resume_elsewhere(epoch, history)
 
+    def begin_main_pass(self) -> tuple[int, tuple]:
+        """Decide the epoch of a loader's next pass here, in the main process (see
+        :meth:`~tsfile_torch.sampling.passes.Passes.begin_main_pass`)."""
+        return self.passes.begin_main_pass()
+
     def state_dict(self) -> dict[str, Any]:
         """Return where this process's latest pass stands (Note: resume in
         :mod:`tsfile_torch.sampling.passes`)."""
@@ -383,6 +388,15 @@ class EpochSampler(tud.Sampler):
         self._latest = _SamplerPass(self)
         self._latest._pending = self.point(epoch, 0, tuple(history))
         self.dataset.epochs.set(epoch)
+
+    def begin_main_pass(self) -> tuple[int, tuple]:
+        """Return the epoch the next pass takes (claimed at its first batch) and the history it
+        resumes after (Note: loader resume in :mod:`tsfile_torch.loader`)."""
+        loaded = self._latest
+        if loaded is not None and loaded.cursor is None and loaded._pending is not None:
+            p = loaded._pending
+            return p.epoch, p.history if loaded.exact else p.handed_over()
+        return self.dataset.epochs.peek(), ()
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (the dataset's :meth:`View.set_epoch`)."""

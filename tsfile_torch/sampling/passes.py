@@ -81,6 +81,19 @@ class Passes:
         """Epoch of the latest pass (or the one ``set_epoch`` named); ``None`` before any."""
         return self.epochs.latest
 
+    def begin_main_pass(self) -> tuple[int, tuple]:
+        """Decide, in the main process, the epoch of the pass a loader is about to start; return
+        it and the history it resumes after (Note: loader resume in :mod:`tsfile_torch.loader`).
+
+        A pending resume keeps its epoch; else the next epoch is set, and the loader's workers
+        (persistent or not, any start method: they read the shared epoch word) take it as is.
+        """
+        if self._resume is not None:
+            return self._resume.epoch, self._resume.history
+        epoch = self.epochs.peek()
+        self.epochs.set(epoch)
+        return epoch, ()
+
     # -- batches -----------------------------------------------------------------------------
     def identity(self, batch_size: int | None = None) -> dict[str, Any]:
         """What the delivered order depends on besides the epoch (checked on resume)."""
