@@ -22,3 +22,34 @@ def test_dataloader_with_a_batch_size_over_a_batch_dataset_names_the_fix(small_d
     assert tuple(next(iter(make_loader(ds))).shape) == (1000, len(ds.columns))
     if cls is TsFileDataset:  # indexing it directly is no DataLoader: no error
         assert tuple(ds[0].shape) == (1000, len(ds.columns))
+
+
+def test_two_loaders_started_at_once_from_two_threads_never_share_a_dataset(small_dir):
+    """One gets every row exactly once, the other a clear error; none a mixed epoch."""
+    import threading
+
+    import numpy as np
+
+    from tsfile_torch.errors import TsFileTorchError
+
+    ds = TsFileIterableDataset(small_dir, batch_size=500, return_timestamps=True)
+    go = threading.Barrier(2)
+    results: dict[int, object] = {}
+
+    def run(k):
+        loader = make_loader(ds, num_workers=2)
+        go.wait()
+        try:
+            results[k] = sorted(int(t) for _, times in loader for t in times)
+        except TsFileTorchError as err:
+            results[k] = err
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    errors = [r for r in results.values() if isinstance(r, TsFileTorchError)]
+    rows = [r for r in results.values() if not isinstance(r, TsFileTorchError)]
+    assert len(errors) == 1 and "already being iterated" in str(errors[0])
+    assert len(rows) == 1 and rows[0] == np.arange(5000).tolist()

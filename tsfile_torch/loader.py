@@ -122,6 +122,8 @@ class _Resume(NamedTuple):
 
 
 _KEY = "tsfile_torch"
+#: held while a loader checks that its dataset is free and claims it
+_STARTING = threading.RLock()
 
 
 class _Pass:
@@ -200,6 +202,12 @@ class _Guarded:
     _sums_checked = False
 
     def __iter__(self):
+        # one check-and-claim at a time: two threads starting loaders over one dataset object
+        # at once must not both see it free
+        with _STARTING:
+            return self._start()
+
+    def _start(self):
         ds = self.dataset
         running = ds.__dict__.get("_running_loader")
         other = running() if running is not None else None
