@@ -39,14 +39,26 @@ def _run(tree: str, args: list[str], data: str, cache: str, json_path: str) -> N
 
 
 def _figures(json_path: str) -> dict[str, float]:
-    out = {}
+    """Return each configuration's seconds over its reference's in the same run (rows: the
+    memory-copy reference with as many workers; windows: the in-memory numpy reference), so
+    load on the machine cancels out of the comparison as far as it can."""
+    seconds = {}
     with open(json_path) as f:
         for line in f:
             r = json.loads(line)
             if "route" in r:
-                out[f"windows: {r['route']}"] = r["seconds"]
+                seconds[f"windows: {r['route']}"] = r["seconds"]
             elif r.get("kind") != "dataframe":
-                out[r["config"]] = r["later_epoch_seconds"]
+                seconds[r["config"]] = (r["later_epoch_seconds"], r["num_workers"])
+    out = {}
+    for name, value in seconds.items():
+        if name.startswith("windows: "):
+            ref = seconds.get("windows: in-memory numpy reference")
+            if "workers=2" in name:
+                ref = seconds.get("windows: in-memory numpy reference, workers=2", ref)
+            out[name] = value / ref
+        elif not name.startswith("memcopy"):
+            out[name] = value[0] / seconds[f"memcopy reference, workers={value[1]}"][0]
     return out
 
 
@@ -73,8 +85,8 @@ def main() -> int:
         for tree in trees.values():
             subprocess.run(["git", "worktree", "remove", "--force", tree], check=False)
     lines = [
-        f"old {a.old}, new {a.new}: {a.pairs} alternating pairs, median seconds "
-        f"(rows: later epochs; windows: the pass)",
+        f"old {a.old}, new {a.new}: {a.pairs} alternating pairs, median of seconds over the "
+        f"same run's reference (rows: later epochs / memcopy; windows: pass / numpy)",
         f"{'configuration':60} {'old':>8} {'new':>8} {'new/old':>8}",
     ]
     for config, runs in seconds.items():
