@@ -17,9 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tsfile_torch.errors import SKIP_HINT, TsFileFormatError, warn_caller
+from tsfile_torch.errors import SKIP_HINT, FileProblem, TsFileFormatError, warn_caller
 from tsfile_torch.integrity.manifest import check_manifests
-from tsfile_torch.integrity.validate import FileProblem, damaged_error, validate_sources
+from tsfile_torch.integrity.validate import damaged_error, validate_sources
 from tsfile_torch.sources import Source
 from tsfile_torch.sources.content import recall
 
