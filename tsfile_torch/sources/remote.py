@@ -60,13 +60,12 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from tsfile_torch.errors import RemoteError, warn_caller
 from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
 from tsfile_torch.options import user_cache_dir
 from tsfile_torch.pids import alive
-from tsfile_torch.sources.base import FileObject, Source, register
+from tsfile_torch.sources.base import FileObject, Source, file_url_path, register
 from tsfile_torch.sources.content import (
     ALGORITHM,
     MANIFEST_NAME,
@@ -427,14 +426,6 @@ def _check_writable(url: str, directory: str) -> None:
             pass
     except OSError as err:
         raise _cache_dir_error(url, directory, err) from err
-
-
-def file_url_path(url: str) -> str:
-    """Return the local path (or glob) of a ``file://`` URL."""
-    parsed = urlparse(url)
-    if parsed.netloc not in ("", "localhost"):
-        raise RemoteError(f"{url}: a file:// URL names a local path: file:///abs/path")
-    return unquote(parsed.path)
 
 
 @contextlib.contextmanager
