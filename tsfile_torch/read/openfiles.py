@@ -25,13 +25,11 @@ from tsfile_torch.native.errors import NATIVE_ERRORS
 from tsfile_torch.native.guard import guarded_call
 from tsfile_torch.native.malloc import tune_malloc
 from tsfile_torch.native.queries import prepare_handles
+from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 
 __all__ = ["DEFAULT_MAX_OPEN_FILES", "OpenFiles"]
 
 logger = logging.getLogger(__name__)
-
-#: Readers kept open per process by default: far below the usual ``ulimit -n`` of 1024.
-DEFAULT_MAX_OPEN_FILES = 128
 
 
 class OpenFiles:

@@ -32,8 +32,9 @@ from tsfile_torch.errors import SKIP_HINT, SchemaError, TsFileFormatError
 from tsfile_torch.integrity.checks import StatisticsCheck
 from tsfile_torch.native.guard import damage_remembered, guarded_call
 from tsfile_torch.native.queries import query, query_times
+from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
-from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles
+from tsfile_torch.read.openfiles import OpenFiles
 from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
 
 __all__ = [
