@@ -14,8 +14,9 @@ block of values) and does, in this order:
    just opened is closed);
 4. **verification** of what was read (the statistics check of a decoded block);
 5. **damage memory** around 2-4 (:func:`damage_remembered`): a TsFileFormatError there while
-   the file is unchanged is remembered as the file's damage (Note: remembered verdicts, in
-   :mod:`tsfile_torch.sources.content`; ``on_damaged="skip"`` then leaves it out).
+   the file is unchanged, and not an OS or a store's error, is remembered as the file's damage
+   (Note: remembered verdicts, in :mod:`tsfile_torch.sources.content`; ``on_damaged="skip"``
+   then leaves it out).
 
 The file is anything with a ``name``, an ``index_key`` and ``check_unchanged()``: the
 catalog's ``FileInfo``, which lives above this layer.
@@ -27,7 +28,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import RemoteError, TsFileFormatError
 from tsfile_torch.native.errors import native_call
 from tsfile_torch.sources.content import remember
 
@@ -64,19 +65,25 @@ def announced(
 @contextlib.contextmanager
 def damage_remembered(file: CheckedFile) -> Iterator[None]:
     """Remember ``file`` as damaged when the block raises TsFileFormatError while the file is
-    unchanged (step 5 of the module note). A change is not damage (its own error replaces the
-    first one), nor is an OS error (too many open files, an I/O error): neither is remembered.
-    Nested blocks remember an error once."""
+    unchanged (step 5 of the module note). Not remembered: a change (its own error replaces the
+    first one), an OS error (too many open files, an I/O error) and a store's error while
+    fetching a URL (a RemoteError raised from the client's exception: access denied, throttled,
+    unreachable), none of which says anything about the file's bytes. Nested blocks remember an
+    error once."""
     try:
         yield
     except TsFileFormatError as err:
         file.check_unchanged()  # a change: its own error replaces this one
-        seen = getattr(err, "_remembered", False)
-        if not seen and getattr(err, "errno", None) is None:
-            if not isinstance(err.__cause__, OSError):
-                remember(file.index_key, damaged=str(err))
-                err._remembered = True
+        if not getattr(err, "_remembered", False) and _is_damage(err):
+            remember(file.index_key, damaged=str(err))
+            err._remembered = True
         raise
+
+
+def _is_damage(err: TsFileFormatError) -> bool:
+    if getattr(err, "errno", None) is not None or isinstance(err.__cause__, OSError):
+        return False
+    return not (isinstance(err, RemoteError) and err.__cause__ is not None)
 
 
 def guarded_call(

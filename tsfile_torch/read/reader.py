@@ -344,7 +344,8 @@ class BatchReader:
         group = self.catalog.groups[group_index]
         if start == 0 and stop == group.num_rows:
             return group.start_time, group.end_time, 0
-        # learning the index checks what it reads too (Note: whole time column first): damage
+        # learning the index checks the time column it reads (Note: whole time column first):
+        # a mismatch found there is damage too
         with damage_remembered(self.catalog.files[group.file_index]):
             index = self._index(group_index)
             was_complete = index.complete
