@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 import warnings
+from dataclasses import dataclass
 
 __all__ = [
     "SKIP_HINT",
@@ -16,6 +17,7 @@ __all__ = [
     "SchemaError",
     "RemoteError",
     "WorkerError",
+    "FileProblem",
     "warn_caller",
 ]
 
@@ -49,6 +51,30 @@ SKIP_HINT = (
     "rebuild the dataset with on_damaged='skip' to leave damaged files out (a file a read "
     "found damaged is remembered), or check the files with `tsfile-torch verify`"
 )
+
+
+@dataclass(frozen=True)
+class FileProblem:
+    """A file found damaged (by its manifest, the validation child or its metadata) and why.
+
+    Defined here, below every layer that finds one: the catalog (unreadable metadata) and
+    :mod:`tsfile_torch.integrity` (manifests, validation, screening).
+    """
+
+    name: str
+    reason: str
+
+    def error(self) -> TsFileFormatError:
+        return TsFileFormatError(f"{self.name}: {self.reason}")
+
+    @classmethod
+    def of(cls, name: str, err: BaseException) -> FileProblem:
+        """Return the problem ``err`` describes (its message without the leading file name)."""
+        text = str(err)
+        reason = text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
+        if not isinstance(err, TsFileTorchError):
+            reason = f"{type(err).__name__}: {reason}"
+        return cls(name, reason)
 
 
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:

@@ -19,6 +19,8 @@ from typing import Any
 __all__ = [
     "ALIGN_MODES",
     "CACHE_MODES",
+    "DEFAULT_CACHE_LIMIT",
+    "DEFAULT_MAX_OPEN_FILES",
     "DTYPES",
     "FILL_MODES",
     "NORMALIZE_METHODS",
@@ -58,6 +60,8 @@ TIME_UNITS = {"s": 1, "ms": 10**3, "us": 10**6, "ns": 10**9}
 
 #: Default bound of the local copies of URL sources: 100 GiB (LitData's ``max_cache_size``).
 DEFAULT_CACHE_LIMIT = 100 * 2**30
+#: TsFile readers kept open per process by default: far below the usual ``ulimit -n`` of 1024.
+DEFAULT_MAX_OPEN_FILES = 128
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -254,7 +258,7 @@ class ReadOptions:
     start_time: Any = None
     end_time: Any = None
     time_unit: str = "ms"
-    max_open_files: int = 128
+    max_open_files: int = DEFAULT_MAX_OPEN_FILES
     index_cache: bool | str = True
     align: str | None = None
     fill: str = "nan"

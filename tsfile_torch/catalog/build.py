@@ -20,11 +20,11 @@ from typing import Any
 
 from tsfile import TSDataType
 
-from tsfile_torch.errors import SchemaError, TsFileFormatError
+from tsfile_torch.errors import FileProblem, SchemaError, TsFileFormatError
 from tsfile_torch.native.backend import open_reader
 from tsfile_torch.native.errors import METADATA_ERRORS, native_call
 from tsfile_torch.native.queries import prepare_handles, query_times
-from tsfile_torch.sources import Source
+from tsfile_torch.sources import Source, expand_sources
 
 __all__ = [
     "NUMERIC_TYPES",
@@ -402,7 +402,7 @@ def read_metadata(
         identities: source key -> identity taken earlier (a manifest check): used for change
             detection from then on, once checked unchanged.
         skipped: when given, a source whose metadata cannot be read is left out and a
-            :class:`~tsfile_torch.integrity.validate.FileProblem` for it appended here.
+            :class:`~tsfile_torch.errors.FileProblem` for it appended here.
 
     Raises:
         TsFileFormatError: a source is not a readable TsFile, or none holds a series.
@@ -416,8 +416,6 @@ def read_metadata(
         except TsFileFormatError as err:
             if skipped is None:
                 raise
-            from tsfile_torch.integrity.validate import FileProblem
-
             skipped.append(FileProblem.of(source.name, err))
             continue
         files.append(info)
@@ -519,8 +517,6 @@ def build_catalog(
     ``sources`` are what :func:`tsfile_torch.sources.expand_sources` takes; the rest is
     :func:`lay_out`'s.
     """
-    from tsfile_torch.sources import expand_sources
-
     meta = read_metadata(expand_sources(sources, remote_options))
     return lay_out(meta, columns, start_time, end_time, shared_timeline=shared_timeline)
 

@@ -28,10 +28,10 @@ What this cannot catch: TsFile pages carry no checksum, so damage that decodes t
 detected. The sum check needs one process to decode all rows of a series in a file: with
 DataLoader workers each worker decodes only its share, so only the other checks apply there.
 
-The reader must call (hooks, in this order, for every native read of group rows [start, stop)):
-``info.check_unchanged()`` before and after the read, ``check.block(group_index, start, times,
-values)`` after it, with ``values`` as ``(len(group.columns), n)`` in the output dtype (NaN for
-nulls).
+The reader calls them through Note: guarded read (:func:`tsfile_torch.native.guard.guarded_call`,
+for every native read of group rows [start, stop)): ``info.check_unchanged()`` before and after
+the read, ``check.block(group_index, start, times, values)`` after it, with ``values`` as
+``(len(group.columns), n)`` in the output dtype (NaN for nulls).
 """
 
 from __future__ import annotations

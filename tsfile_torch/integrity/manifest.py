@@ -30,8 +30,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from tsfile_torch.errors import TsFileFormatError
-from tsfile_torch.integrity.validate import FileProblem
+from tsfile_torch.errors import FileProblem, TsFileFormatError
 from tsfile_torch.sources import LocalFile, Source
 from tsfile_torch.sources.content import (
     ALGORITHM,

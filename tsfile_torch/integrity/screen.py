@@ -17,11 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tsfile_torch.errors import SKIP_HINT, TsFileFormatError, warn_caller
+from tsfile_torch.errors import SKIP_HINT, FileProblem, TsFileFormatError, warn_caller
 from tsfile_torch.integrity.manifest import check_manifests
-from tsfile_torch.integrity.validate import FileProblem, damaged_error, validate_sources
+from tsfile_torch.integrity.validate import damaged_error, validate_sources
 from tsfile_torch.sources import Source
-from tsfile_torch.sources.content import recall
+from tsfile_torch.sources.content import recall, warn_unlisted
 
 __all__ = ["Screened", "leave_out", "screen_sources"]
 
@@ -50,14 +50,7 @@ def screen_sources(sources: Sequence[Source], validate: bool | str, on_damaged: 
     """
     skip = on_damaged == "skip"
     manifests = check_manifests(sources)
-    if manifests.unlisted:
-        shown = ", ".join(manifests.unlisted[:5])
-        more = f" and {len(manifests.unlisted) - 5} more" if len(manifests.unlisted) > 5 else ""
-        warn_caller(
-            f"{shown}{more}: not listed in the manifest of their directory, so not checked "
-            f"against it (added after it was written?); write it again with "
-            f"`tsfile-torch manifest DIR`"
-        )
+    warn_unlisted(manifests.unlisted, "of their directory")
     problems = list(manifests.problems)
     if problems and not skip:
         raise damaged_error(problems)

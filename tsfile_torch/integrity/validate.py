@@ -34,10 +34,17 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from tsfile_torch.errors import TsFileFormatError, TsFileTorchError
+import numpy as np
+import pyarrow as pa
+
+from tsfile_torch.catalog.build import build_catalog
+from tsfile_torch.errors import FileProblem, TsFileFormatError
+from tsfile_torch.native.backend import open_reader
 from tsfile_torch.native.forkfix import fork_safe
+from tsfile_torch.native.queries import prepare_handles, query_times
+from tsfile_torch.read.reader import BatchReader
+from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex
 from tsfile_torch.sources import FileObject, Source
 
 __all__ = ["MODES", "FileProblem", "check_sources", "damaged_error", "validate_sources"]
@@ -49,26 +56,6 @@ HEADERS_TIMEOUT_S = 60.0
 FULL_BLOCK_ROWS = 1 << 20
 _CHILD_MAIN = "from tsfile_torch.integrity.validate import _main; _main()"
 _DOING = {"headers": "reading its metadata and first chunks", "full": "decoding it"}
-
-
-@dataclass(frozen=True)
-class FileProblem:
-    """A file that failed validation and why."""
-
-    name: str
-    reason: str
-
-    def error(self) -> TsFileFormatError:
-        return TsFileFormatError(f"{self.name}: {self.reason}")
-
-    @classmethod
-    def of(cls, name: str, err: BaseException) -> FileProblem:
-        """Return the problem ``err`` describes (its message without the leading file name)."""
-        text = str(err)
-        reason = text[len(name) + 2 :] if text.startswith(f"{name}: ") else text
-        if not isinstance(err, TsFileTorchError):
-            reason = f"{type(err).__name__}: {reason}"
-        return cls(name, reason)
 
 
 def _file_timeout(source: Source, mode: str) -> float:
@@ -84,9 +71,6 @@ def _file_timeout(source: Source, mode: str) -> float:
 # -- in the child -------------------------------------------------------------------------
 def _check_headers(source: Source) -> None:
     """Open, read metadata, decode the first row of every series (may crash: child only)."""
-    from tsfile_torch.catalog.build import build_catalog
-    from tsfile_torch.native.backend import open_reader
-
     with source.metadata_target() as target:  # a URL: range reads, no download
         # one opened target for the metadata and the first rows (a URL's blocks fetched once)
         probe = source if isinstance(target, str) else FileObject(target, shown=source.name)
@@ -98,10 +82,6 @@ def _check_headers(source: Source) -> None:
 def _check_first_rows(reader, catalog, info, whole_times: bool = False) -> None:
     """Decode the first row of every device; with ``whole_times``, in a file whose series have
     several chunks, also read every device's time column to its end (see the module notes)."""
-    import pyarrow as pa
-
-    from tsfile_torch.native.queries import prepare_handles
-
     try:
         if whole_times:
             metadata = reader.get_timeseries_metadata(None)
@@ -150,8 +130,6 @@ def _check_first_rows(reader, catalog, info, whole_times: bool = False) -> None:
 
 def _check_time_column(reader, info, group, handle) -> None:
     """Read ``group``'s time column to its end, as a timeline index learns it (may crash)."""
-    from tsfile_torch.native.queries import query_times
-    from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex
 
     def fetch(t0: int, t1: int):
         return query_times(reader, handle, group.aligned, t0, t1)
@@ -163,11 +141,6 @@ def _check_time_column(reader, info, group, handle) -> None:
 
 
 def _check_full(source: Source) -> None:
-    import numpy as np
-
-    from tsfile_torch.catalog.build import build_catalog
-    from tsfile_torch.read.reader import BatchReader
-
     _check_headers(source)
     catalog = build_catalog([source], shared_timeline=False)
     reader = BatchReader(catalog, "pread", np.float64, cache_bytes=0, malloc_tuning=False)

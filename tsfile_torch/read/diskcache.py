@@ -27,8 +27,9 @@ epochs, later runs, other jobs on the machine) shares one decoded copy through t
   kept flags without their data.
 - **Bound**: before an entry is created, the least recently used entries (by mtime: an open
   touches it) are deleted until it fits in ``cache_limit`` bytes (the same number bounds the
-  remote copies, separately). An entry larger than the bound is not created. Deleting an entry
-  that a process has mapped is safe: its pages live until unmapped.
+  remote copies, separately, with the same eviction:
+  :func:`~tsfile_torch.sources.cachedir.make_room`). An entry larger than the bound is not
+  created. Deleting an entry that a process has mapped is safe: its pages live until unmapped.
 - **Fallback**: a cache directory that cannot be written, a full disk or an entry that cannot
   be created make the dataset decode as with ``cache="none"``, with one warning per process
   and directory; a damaged entry (bad header, wrong size) is deleted and created again. A
@@ -51,8 +52,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from tsfile_torch.errors import warn_caller
+from tsfile_torch.options import user_cache_dir
 from tsfile_torch.read.memory import MemoryStore
-from tsfile_torch.sources.remote import file_lock
+from tsfile_torch.sources.cachedir import file_lock, make_room
 
 __all__ = ["CacheEntry", "clear", "decoded_dir", "entries", "fingerprint", "open_store"]
 
@@ -66,10 +68,7 @@ _warned: set[str] = set()
 
 def decoded_dir(cache_dir: str | None = None) -> str:
     """Return the decoded cache's directory for a dataset's ``cache_dir`` (see the module note)."""
-    if cache_dir:
-        return os.path.join(cache_dir, "decoded")
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "tsfile-torch", "decoded")
+    return os.path.join(cache_dir, "decoded") if cache_dir else user_cache_dir("decoded")
 
 
 def fingerprint(parts: dict) -> str:
@@ -138,16 +137,9 @@ def _warn_once(directory: str, text: str, quiet: bool = False) -> None:
 
 
 def _make_room(directory: str, need: int, limit: int, keep: str) -> None:
-    """Delete least recently used entries until ``need`` more bytes fit in ``limit``."""
-    found = [e for e in entries(directory) if e.path != keep]
-    used = sum(e.nbytes for e in found)
-    for e in sorted(found, key=lambda e: e.last_used):
-        if used + need <= limit:
-            return
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(e.path)
-            logger.debug("decoded cache full: deleted %s (%d bytes)", e.path, e.nbytes)
-        used -= e.nbytes
+    """Delete least recently used entries (but ``keep``) until ``need`` more bytes fit."""
+    found = [(e.last_used, e.nbytes, e.path) for e in entries(directory) if e.path != keep]
+    make_room(found, need, limit, what="decoded cache")
 
 
 def _create(path: str, key: str, rows: int, columns: int, dtype: np.dtype) -> None:

@@ -20,18 +20,16 @@ from collections import OrderedDict
 from collections.abc import Sequence
 
 from tsfile_torch.catalog.build import FileInfo, ReadGroup
-from tsfile_torch.errors import TsFileFormatError
 from tsfile_torch.native.backend import mapped_paths, open_reader
 from tsfile_torch.native.errors import NATIVE_ERRORS
+from tsfile_torch.native.guard import guarded_call
 from tsfile_torch.native.malloc import tune_malloc
 from tsfile_torch.native.queries import prepare_handles
+from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 
 __all__ = ["DEFAULT_MAX_OPEN_FILES", "OpenFiles"]
 
 logger = logging.getLogger(__name__)
-
-#: Readers kept open per process by default: far below the usual ``ulimit -n`` of 1024.
-DEFAULT_MAX_OPEN_FILES = 128
 
 
 class OpenFiles:
@@ -88,13 +86,14 @@ class OpenFiles:
                 tune_malloc()
             info = self.files[file_index]
             check = self.read_backend == "mmap" and not self._mapping_checked
-            info.check_unchanged()  # the reader opens the file the catalog describes
-            reader, _ = open_reader(info.source, self.read_backend, check_mapped=check)
-            try:
-                info.check_unchanged()  # and it did not change during the open
-            except TsFileFormatError:
-                self._close_reader(info, reader)
-                raise
+            # the reader opens the file the catalog describes, unchanged during the open
+            reader, _ = guarded_call(  # Note: guarded read
+                info,
+                "opening as a TsFile",
+                lambda: open_reader(info.source, self.read_backend, check_mapped=check),
+                release=lambda opened: self._close_reader(info, opened[0]),
+                translate=False,  # open_reader names and translates its own errors
+            )
             self._mapping_checked = self._mapping_checked or check
             self.open_count += 1
             self._readers[file_index] = reader

@@ -18,7 +18,6 @@ keeps the readers (a streaming epoch starts that way).
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import threading
@@ -28,15 +27,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from tsfile_torch.catalog.build import Catalog, FileInfo, ReadGroup
+from tsfile_torch.catalog.build import Catalog, ReadGroup
 from tsfile_torch.errors import SKIP_HINT, SchemaError, TsFileFormatError
 from tsfile_torch.integrity.checks import StatisticsCheck
-from tsfile_torch.native.errors import native_call
+from tsfile_torch.native.guard import damage_remembered, guarded_call
 from tsfile_torch.native.queries import query, query_times
+from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
-from tsfile_torch.read.openfiles import DEFAULT_MAX_OPEN_FILES, OpenFiles
+from tsfile_torch.read.openfiles import OpenFiles
 from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
-from tsfile_torch.sources.content import remember
 
 __all__ = [
     "BatchReader",
@@ -315,17 +314,22 @@ class BatchReader:
             info = self.catalog.files[group.file_index]
 
             def fetch(t0: int, t1: int) -> np.ndarray:
-                info.check_unchanged()  # before any native read (Note: integrity hooks)
                 reader, handles = self.files.handles(group_index, group)  # may have been closed
                 what = (
                     f"device {'.'.join(map(str, group.device))}, timestamps [{t0}, {t1}] for "
                     f"the timeline index via {self.read_backend}"
                 )
-                times = self._announced(
-                    info, what, query_times, reader, handles[0], group.aligned, t0, t1
+                return guarded_call(  # Note: guarded read
+                    info,
+                    what,
+                    query_times,
+                    reader,
+                    handles[0],
+                    group.aligned,
+                    t0,
+                    t1,
+                    on_read=self.on_read,
                 )
-                info.check_unchanged()  # changed during the read?
-                return times
 
             # open first: the cache key is the identity the reader was opened on (Note: index
             # cache), never the file's identity at save time
@@ -340,7 +344,9 @@ class BatchReader:
         group = self.catalog.groups[group_index]
         if start == 0 and stop == group.num_rows:
             return group.start_time, group.end_time, 0
-        with _damage_remembered(self.catalog.files[group.file_index]):
+        # learning the index checks the time column it reads (Note: whole time column first):
+        # a mismatch found there is damage too
+        with damage_remembered(self.catalog.files[group.file_index]):
             index = self._index(group_index)
             was_complete = index.complete
             span = index.time_range(start, stop)
@@ -356,32 +362,30 @@ class BatchReader:
         reader, handles = self.files.handles(group_index, group)
         return _Plan(group_index, group, reader, handles, span, start, stop - start)
 
-    def _announced(self, info, what: str, fn, *args):
-        """Run the native call ``fn(*args)``, announced to ``on_read`` (Note: worker reports)."""
-        if self.on_read is not None:
-            self.on_read(f"{info.name}: {what}")
-        try:
-            return native_call(info.name, what, fn, *args)
-        finally:
-            if self.on_read is not None:
-                self.on_read(None)
-
     def _decode(self, plan: _Plan) -> Block:
         """Decode one planned range of one group into a block of exactly its rows.
 
-        Note: integrity hooks (tsfile_torch.integrity.checks). Around every native read the file
-        is checked unchanged before and after, the read is announced (worker slot; a frame that
-        names it in a fatal signal report), and the decoded block is checked against the
-        metadata statistics.
+        Note: integrity hooks (tsfile_torch.integrity.checks), through Note: guarded read
+        (:mod:`tsfile_torch.native.guard`): the file is checked unchanged before and after,
+        the read is announced (worker slot; a frame that names it in a fatal signal report),
+        and the decoded block is checked against the metadata statistics.
         """
         info = self.catalog.files[plan.group.file_index]
-        info.check_unchanged()
-        with _damage_remembered(info):
-            block = self._announced(info, self._describe(plan), self._decode_native, plan)
-            info.check_unchanged()  # changed during the read?
-            if self.statistics is not None:
-                self.statistics.block(plan.group_index, plan.start, block.times, block.values)
-        return block
+        check = self.statistics
+        verify = None
+        if check is not None:
+
+            def verify(block: Block) -> None:
+                check.block(plan.group_index, plan.start, block.times, block.values)
+
+        return guarded_call(
+            info,
+            self._describe(plan),
+            self._decode_native,
+            plan,
+            on_read=self.on_read,
+            verify=verify,
+        )
 
     def _decode_native(self, plan: _Plan) -> Block:
         group, reader, handles, num_rows = plan.group, plan.reader, plan.handles, plan.num_rows
@@ -654,21 +658,6 @@ class BatchReader:
         ref = self.cache.peek((twin, number))
         if ref is not None and np.array_equal(ref.times, block.times):
             block.verified = True
-
-
-@contextlib.contextmanager
-def _damage_remembered(info: FileInfo):
-    """Remember the file as damaged when a read in the block raises TsFileFormatError while the
-    file is unchanged (Note: remembered verdicts, in :mod:`tsfile_torch.sources.content`;
-    ``on_damaged="skip"`` then leaves it out). A change is not damage, nor is an OS error
-    (too many open files, an I/O error): those are not remembered."""
-    try:
-        yield
-    except TsFileFormatError as err:
-        info.check_unchanged()  # a change: its own error replaces this one
-        if getattr(err, "errno", None) is None and not isinstance(err.__cause__, OSError):
-            remember(info.index_key, damaged=str(err))
-        raise
 
 
 def _local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:

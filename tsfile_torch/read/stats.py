@@ -57,7 +57,7 @@ def series_stats(
     names: Mapping[str, Sequence[int]],
     exact: bool,
     make_reader: Callable[[Catalog], Any],
-    block_rows: int = 131072,
+    block_rows: int,
 ) -> dict[str, dict]:
     """Return statistics per name, each over the catalog columns listed for it.
 

@@ -9,7 +9,8 @@ mapped, an identity to detect changes, and what a validation child can open. Thr
 - :class:`~tsfile_torch.sources.remote.RemoteFile`: an fsspec URL read through a local copy.
 
 Every other module asks the source, never its type (Note: one registry): adding a kind means one
-class and one :func:`register` call in this package.
+class and one :func:`register` call in this package, whose ``__init__`` imports the module that
+makes the call (URLs: :mod:`tsfile_torch.sources.remote`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import IO, Any
+from urllib.parse import unquote, urlparse
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import RemoteError, TsFileFormatError
 from tsfile_torch.sources.content import FileIdentity, file_hash, stat_fields
 
 __all__ = [
@@ -36,6 +38,7 @@ __all__ = [
     "SourceLike",
     "as_source",
     "expand_sources",
+    "file_url_path",
     "os_error",
     "register",
 ]
@@ -294,6 +297,14 @@ def _check_openable(path: str, name: str) -> None:
     os.close(fd)
 
 
+def file_url_path(url: str) -> str:
+    """Return the local path (or glob) of a ``file://`` URL."""
+    parsed = urlparse(url)
+    if parsed.netloc not in ("", "localhost"):
+        raise RemoteError(f"{url}: a file:// URL names a local path: file:///abs/path")
+    return unquote(parsed.path)
+
+
 # -- the registry -----------------------------------------------------------------------------
 #: (recognizer, expander): the first recognizer that accepts an item expands it into sources
 _KINDS: list[tuple[Callable[[Any], bool], Callable[[Any, Any], list[Source]]]] = []
@@ -310,8 +321,6 @@ def register(recognizes: Callable[[Any], bool], expand: Callable[[Any, Any], lis
 def _expand_local(item: str | os.PathLike, remote_options) -> list[Source]:
     path = os.fspath(item)
     if path.startswith("file://"):
-        from tsfile_torch.sources.remote import file_url_path
-
         path = file_url_path(path)
     if os.path.isdir(path):
         pattern = os.path.join(glob.escape(path), "*.tsfile")
@@ -344,8 +353,6 @@ def as_source(item: Any) -> Source:
     if isinstance(item, (str, os.PathLike)):
         path = os.fspath(item)
         if path.startswith("file://"):
-            from tsfile_torch.sources.remote import file_url_path
-
             path = file_url_path(path)
         return LocalFile(path)
     if hasattr(item, "read") and hasattr(item, "seek"):
@@ -367,8 +374,6 @@ def expand_sources(sources: Any, remote_options=None) -> list[Source]:
         TsFileFormatError: a path does not exist, a directory holds no ``*.tsfile``, a glob
             matches nothing, or nothing was given. RemoteError: a URL cannot be listed.
     """
-    import tsfile_torch.sources.remote  # noqa: F401 - registers URLs
-
     if isinstance(sources, (str, os.PathLike, Source)) or hasattr(sources, "read"):
         sources = [sources]
     if not isinstance(sources, Sequence) or isinstance(sources, (bytes, bytearray)):

@@ -38,11 +38,11 @@ import logging
 import os
 import stat
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import TsFileFormatError, warn_caller
 from tsfile_torch.options import user_cache_dir
 
 __all__ = [
@@ -60,6 +60,7 @@ __all__ = [
     "recall",
     "remember",
     "tail_digest",
+    "warn_unlisted",
 ]
 
 logger = logging.getLogger(__name__)
@@ -216,6 +217,21 @@ def parse_manifest(text: str | bytes, where: str) -> dict[str, ManifestEntry]:
         return {f["path"]: ManifestEntry(int(f["size"]), str(f["hash"])) for f in record["files"]}
     except (KeyError, TypeError, ValueError) as err:
         raise TsFileFormatError(f"{where}: malformed manifest entry ({err!r})") from err
+
+
+def warn_unlisted(names: Sequence[str], where: str, fix: str = "") -> None:
+    """Warn once about files a manifest applies to but does not list (so not checked).
+
+    ``where`` says which manifest ("of their directory", "beside them"); ``fix`` is appended
+    to the advice to write it again (" and upload it").
+    """
+    if not names:
+        return
+    shown = ", ".join(names[:5]) + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+    warn_caller(
+        f"{shown}: not listed in the manifest {where}, so not checked against it (added after "
+        f"it was written?); write it again with `tsfile-torch manifest DIR`{fix}"
+    )
 
 
 # -- remembered verdicts (Note: remembered verdicts) -----------------------------------------

@@ -35,11 +35,13 @@ then memory-map; a bounded cache evicts the least recently used). We follow them
   checked). A mismatch is a :class:`~tsfile_torch.errors.RemoteError` naming the URL, and
   nothing is kept in the cache (streaming's ``validate_hash`` after download, for TsFiles).
 
-Size bound (``cache_limit`` bytes, default :data:`DEFAULT_CACHE_LIMIT`): before a download, under
-a cache-wide lock, least recently used copies are deleted until the new file fits. Deleting a
-copy that another process has open or mapped is safe on POSIX (the data stays until closed); that
-process fetches it again the next time it opens it. Downloads of different files that run at
-once each reserve their size first, so the bound holds for finished and in-flight files.
+Size bound (``cache_limit`` bytes, default :data:`~tsfile_torch.options.DEFAULT_CACHE_LIMIT`):
+before a download, under a cache-wide lock, least recently used copies are deleted until the new
+file fits (:func:`~tsfile_torch.sources.cachedir.make_room`, shared with the decoded disk
+cache). Deleting a copy that another process has open or mapped is safe on POSIX (the data stays
+until closed); that process fetches it again the next time it opens it. Downloads of different
+files that run at once each reserve their size first, so the bound holds for finished and
+in-flight files.
 
 ``file://`` URLs are plain local paths: read in place, no copy, no fsspec needed.
 """
@@ -60,19 +62,19 @@ import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import unquote, urlparse
 
-from tsfile_torch.errors import RemoteError, warn_caller
-from tsfile_torch.options import DEFAULT_CACHE_LIMIT as _DEFAULT_CACHE_LIMIT
-from tsfile_torch.options import user_cache_dir
+from tsfile_torch.errors import RemoteError
+from tsfile_torch.options import DEFAULT_CACHE_LIMIT, user_cache_dir
 from tsfile_torch.pids import alive
-from tsfile_torch.sources.base import FileObject, Source, register
+from tsfile_torch.sources.base import FileObject, Source, file_url_path, register
+from tsfile_torch.sources.cachedir import file_lock, make_room
 from tsfile_torch.sources.content import (
     ALGORITHM,
     MANIFEST_NAME,
     ManifestEntry,
     new_hash,
     parse_manifest,
+    warn_unlisted,
 )
 
 __all__ = [
@@ -89,8 +91,6 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Default bound of the local copies: 100 GiB (LitData's default ``max_cache_size``).
-DEFAULT_CACHE_LIMIT = _DEFAULT_CACHE_LIMIT
 #: Block of the range reads that fetch a remote file's metadata (head and tail).
 METADATA_BLOCK = 256 * 2**10
 #: Bytes per request when downloading a file into the cache.
@@ -345,12 +345,7 @@ def _with_manifests(fs, protocol: str, files: list[RemoteFile]) -> list[RemoteFi
         else:
             unlisted.append(remote.url)
             out.append(remote)
-    if unlisted:
-        warn_caller(
-            f"{', '.join(unlisted[:5])}: not listed in the manifest beside them, so not checked "
-            f"against it (added after it was written?); write it again with "
-            f"`tsfile-torch manifest DIR` and upload it"
-        )
+    warn_unlisted(unlisted, "beside them", " and upload it")
     return out
 
 
@@ -429,14 +424,6 @@ def _check_writable(url: str, directory: str) -> None:
         raise _cache_dir_error(url, directory, err) from err
 
 
-def file_url_path(url: str) -> str:
-    """Return the local path (or glob) of a ``file://`` URL."""
-    parsed = urlparse(url)
-    if parsed.netloc not in ("", "localhost"):
-        raise RemoteError(f"{url}: a file:// URL names a local path: file:///abs/path")
-    return unquote(parsed.path)
-
-
 @contextlib.contextmanager
 def open_metadata(remote: RemoteFile) -> Iterator[Any]:
     """Yield a seekable binary file of ``remote`` for reading its metadata (range reads).
@@ -464,19 +451,6 @@ def open_metadata(remote: RemoteFile) -> Iterator[Any]:
 
 
 # -- the local cache --------------------------------------------------------------------------
-@contextlib.contextmanager
-def file_lock(path: str) -> Iterator[None]:
-    """Hold an exclusive ``fcntl`` lock on ``path`` (created if absent) across processes."""
-    import fcntl
-
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)  # closing releases the lock
-
-
 def _copies(directory: str) -> list[tuple[float, int, str]]:
     """Return (last use, bytes, path) of every copy and in-flight download in ``directory``."""
     out = []
@@ -494,23 +468,16 @@ def _copies(directory: str) -> list[tuple[float, int, str]]:
     return out
 
 
+def _being_written(path: str) -> bool:
+    """Return whether ``path`` is a download another live process is writing."""
+    writer = path.rsplit(".part.", 1)[1] if ".part." in os.path.basename(path) else ""
+    return writer.isdigit() and alive(int(writer))  # a dead one's part is deleted
+
+
 def _make_room(remote: RemoteFile) -> None:
     """Delete least recently used copies until ``remote`` fits in the cache limit."""
-    directory, limit = remote.options.directory, remote.options.cache_limit
-    copies = _copies(directory)
-    used = sum(size for _, size, _ in copies)
-    if used + remote.nbytes <= limit:
-        return
-    for _, size, path in sorted(copies):
-        writer = path.rsplit(".part.", 1)[1] if ".part." in os.path.basename(path) else ""
-        if writer.isdigit() and alive(int(writer)):
-            continue  # another process is downloading it (a dead one's part is deleted)
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
-            logger.debug("cache full: deleted %s (%d bytes)", path, size)
-            used -= size
-        if used + remote.nbytes <= limit:
-            return
+    limit = remote.options.cache_limit
+    make_room(_copies(remote.options.directory), remote.nbytes, limit, keep=_being_written)
     if remote.nbytes > limit:
         logger.warning(
             "%s: %d bytes exceed cache_limit=%d; kept anyway (raise cache_limit)",
