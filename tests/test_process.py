@@ -117,9 +117,8 @@ def test_the_first_loader_of_a_fresh_process_leaves_its_defaults_as_they_were(
 class _CrashesInNativeRead(TsFileIterableDataset):
     """In DataLoader workers, the native read of rows [2500, 5000) dies of SIGSEGV."""
 
-    @property
-    def reader(self):
-        reader = TsFileIterableDataset.reader.fget(self)
+    def __iter__(self):
+        reader = self.core.reader  # this process's: hooked once, in workers
         if tud.get_worker_info() is not None and "_decode_native" not in reader.__dict__:
             decode = reader._decode_native
 
@@ -129,7 +128,7 @@ class _CrashesInNativeRead(TsFileIterableDataset):
                 return decode(plan)
 
             reader._decode_native = crash_at_2500
-        return reader
+        return super().__iter__()
 
 
 def test_a_worker_killed_in_native_code_is_a_worker_error_with_its_report_not_terminal_noise(

@@ -27,24 +27,24 @@ class _FailsInNativeRead(TsFileIterableDataset):
 
     how = "segv"
 
-    @property
-    def reader(self):
-        reader = TsFileIterableDataset.reader.fget(self)
-        if tud.get_worker_info() is not None and not getattr(reader, "_fails", False):
-            note = reader.on_read
+    def __iter__(self):
+        if tud.get_worker_info() is not None:  # the worker's reader, hooked once
+            reader = self.core.reader
+            if not getattr(reader, "_fails", False):
+                note = reader.on_read
 
-            def on_read(text):
-                note(text)
-                if text is not None and "rows [2500," in text:
-                    if self.how == "stall":
-                        ctypes.CDLL(None).sleep(3600)
-                    elif self.how == "kill":
-                        os.kill(os.getpid(), signal.SIGKILL)
-                    else:
-                        ctypes.string_at(0)  # a real segmentation fault, in native code
+                def on_read(text):
+                    note(text)
+                    if text is not None and "rows [2500," in text:
+                        if self.how == "stall":
+                            ctypes.CDLL(None).sleep(3600)
+                        elif self.how == "kill":
+                            os.kill(os.getpid(), signal.SIGKILL)
+                        else:
+                            ctypes.string_at(0)  # a real segmentation fault, in native code
 
-            reader.on_read, reader._fails = on_read, True
-        return reader
+                reader.on_read, reader._fails = on_read, True
+        return super().__iter__()
 
 
 def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(small_dir):
@@ -89,12 +89,10 @@ import torch.utils.data as tud
 from tsfile_torch import TsFileIterableDataset, make_loader
 
 class Stuck(TsFileIterableDataset):
-    @property
-    def reader(self):
-        reader = TsFileIterableDataset.reader.fget(self)
+    def __iter__(self):
         if tud.get_worker_info() is not None:
-            reader.on_read = lambda text: ctypes.CDLL(None).sleep(3600)
-        return reader
+            self.core.reader.on_read = lambda text: ctypes.CDLL(None).sleep(3600)
+        return super().__iter__()
 
 ds = Stuck(sys.argv[1], batch_size=1000)
 it = iter(make_loader(ds, num_workers=2))
