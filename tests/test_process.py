@@ -118,7 +118,7 @@ class _CrashesInNativeRead(TsFileIterableDataset):
     """In DataLoader workers, the native read of rows [2500, 5000) dies of SIGSEGV."""
 
     def __iter__(self):
-        reader = self.core.reader  # this process's: hooked once, in workers
+        reader = self.core.reader.decoder  # this process's decoder: hooked once, in workers
         if tud.get_worker_info() is not None and "_decode_native" not in reader.__dict__:
             decode = reader._decode_native
 

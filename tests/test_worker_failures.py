@@ -166,9 +166,9 @@ def test_100_epochs_leak_no_fds_maps_memory_or_threads(small_dir, num_workers):
 CRASH_IN_PROCESS = r"""
 import ctypes, sys
 from tsfile_torch import TsFileIterableDataset
-from tsfile_torch.read.reader import BatchReader
+from tsfile_torch.read.decode import GroupDecoder
 
-BatchReader._decode_native = lambda self, *args: ctypes.string_at(0)  # a native crash
+GroupDecoder._decode_native = lambda self, *args: ctypes.string_at(0)  # a native crash
 list(TsFileIterableDataset(sys.argv[1], batch_size=1000))
 """
 

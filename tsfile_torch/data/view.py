@@ -334,7 +334,25 @@ class EpochSampler(tud.Sampler):
         self.dataset = dataset
         self.batch_size = check_int("batch_size", batch_size, 1, 2**40, allow_none=True)
         self.num_workers = check_int("num_workers", num_workers, 0, 1024)
-        self._latest: _SamplerPass | None = None
+        self._held: _SamplerPass | None = None  # a loaded pass not begun yet
+        self._ref = None  # the latest pass, by a weak reference (its iterator's owner has it)
+        self._after: int | None = None  # the epoch after the latest finished pass
+
+    @property
+    def _latest(self) -> _SamplerPass | None:
+        if self._held is not None:
+            return self._held
+        return self._ref() if self._ref is not None else None
+
+    @_latest.setter
+    def _latest(self, latest: _SamplerPass | None) -> None:
+        # A pass keeps its sampler; the sampler keeps a begun pass only by a weak reference, so
+        # the two make no reference cycle (one would keep the dataset, its files and mappings,
+        # alive until a garbage collection). A loaded pass not begun is kept: nothing else has
+        # it yet.
+        waiting = latest is not None and latest.cursor is None and latest._pending is not None
+        self._held = latest if waiting else None
+        self._ref = weakref.ref(latest) if latest is not None else None
 
     def batches(self, epoch: int, history: tuple = ()) -> list[np.ndarray]:
         """Return this rank's batches of ``epoch`` (item arrays) in delivered order."""
@@ -362,14 +380,16 @@ class EpochSampler(tud.Sampler):
         loaded = self._latest
         if loaded is not None and loaded.cursor is None and loaded._pending is not None:
             return loaded  # a loaded state not yet begun: this pass resumes it
-        self._latest = _SamplerPass(self)
-        return self._latest
+        fresh = _SamplerPass(self)
+        self._latest = fresh
+        return fresh
 
     def state_dict(self) -> dict[str, Any]:
         """Return where the latest pass stands (see Note: resume)."""
-        if self._latest is None:
-            return state.pass_state(self.point(None), self.identity())
-        return self._latest.state_dict()
+        latest = self._latest
+        if latest is None:
+            return state.pass_state(self.point(self._after), self.identity())
+        return latest.state_dict()
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Make the next pass continue where ``saved`` stood.
@@ -377,16 +397,18 @@ class EpochSampler(tud.Sampler):
         A state at the start of an epoch also sets the dataset's next epoch, so a pass begun
         afresh (a loader that starts a new iterator after loading) takes that epoch too.
         """
-        self._latest = _SamplerPass(self)
-        self._latest.load_state_dict(saved)
-        pending = self._latest._pending
-        if pending is not None and (pending.position == 0 or not self._latest.exact):
+        loaded = _SamplerPass(self)
+        loaded.load_state_dict(saved)
+        self._latest = loaded
+        pending = loaded._pending
+        if pending is not None and (pending.position == 0 or not loaded.exact):
             self.dataset.epochs.set(pending.epoch)
 
     def resume_elsewhere(self, epoch: int, history: tuple) -> None:
         """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
-        self._latest = _SamplerPass(self)
-        self._latest._pending = self.point(epoch, 0, tuple(history))
+        loaded = _SamplerPass(self)
+        loaded._pending = self.point(epoch, 0, tuple(history))
+        self._latest = loaded
         self.dataset.epochs.set(epoch)
 
     def begin_main_pass(self) -> tuple[int, tuple]:
@@ -408,16 +430,10 @@ class _SamplerPass(Iterator):
     DataLoader creates iterators it never uses). Its state is its pass point."""
 
     def __init__(self, sampler: EpochSampler):
-        # by a weak reference: the sampler keeps its latest pass, and a cycle between them
-        # would keep the dataset (its files, its mappings) alive until a garbage collection
-        self._sampler = weakref.ref(sampler)
+        self.sampler = sampler  # (the sampler keeps this pass by a weak reference)
         self.cursor: state.Cursor | None = None
         self._pending: state.PassPoint | None = None  # a loaded point, not begun
         self.finished = False  # raised StopIteration
-
-    @property
-    def sampler(self) -> EpochSampler:
-        return self._sampler()
 
     @property
     def exact(self) -> bool:
@@ -441,6 +457,7 @@ class _SamplerPass(Iterator):
         if point is not None:
             ds.epochs.record(epoch)
         self.cursor = state.Cursor(epoch, self.sampler.batches(epoch, history), position, history)
+        self.sampler._latest = self  # begun: kept by a weak reference from now on
 
     def __next__(self):
         if self.cursor is None:
@@ -449,6 +466,7 @@ class _SamplerPass(Iterator):
             items = next(self.cursor)
         except StopIteration:
             self.finished = True
+            self.sampler._after = self.cursor.epoch + 1
             raise
         return self.sampler.dataset._batch_key(items, self.sampler.batch_size)
 

@@ -20,22 +20,17 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
-from dataclasses import dataclass
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
-from tsfile_torch.errors import SKIP_HINT, SchemaError, TsFileFormatError
+from tsfile_torch.errors import SchemaError
 from tsfile_torch.integrity.checks import StatisticsCheck
-from tsfile_torch.native.guard import damage_remembered, guarded_call
-from tsfile_torch.native.queries import query, query_times
 from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
+from tsfile_torch.read.decode import GroupDecoder, misaligned
 from tsfile_torch.read.openfiles import OpenFiles
-from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, TimeIndex, open_index, save_index
+from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE
 
 __all__ = [
     "BatchReader",
@@ -65,6 +60,20 @@ def cache_cap() -> int:
     return min(DEFAULT_CACHE_CAP, ram // 4)
 
 
+def _fit_block_rows(reader: BatchReader, block_rows: int) -> int:
+    """Return ``block_rows``, lowered (to whole index strides) until two blocks of every group
+    a batch touches fit the reader's cache."""
+    if not reader.cache.capacity:
+        return block_rows
+    catalog, itemsize = reader.catalog, reader.dtype.itemsize
+    row_bytes = len(catalog.columns) * itemsize + 8 * reader.full.segments.widest
+    fit = reader.cache.capacity // (2 * max(row_bytes, 1))
+    if fit >= block_rows:
+        return block_rows
+    stride = reader.index_stride
+    return max(stride, fit // stride * stride)
+
+
 def default_cache_bytes(catalog: Catalog, itemsize: int, block_rows: int) -> int:
     """Return the default block-cache budget.
 
@@ -74,19 +83,6 @@ def default_cache_bytes(catalog: Catalog, itemsize: int, block_rows: int) -> int
     """
     one = block_rows * (len(catalog.columns) * itemsize + 8 * len(catalog.groups))
     return min(max(_MIN_CACHE_BYTES, 2 * one), cache_cap())
-
-
-@dataclass(frozen=True)
-class _Plan:
-    """One native read, prepared in the calling thread: group-local rows of one group."""
-
-    group_index: int
-    group: ReadGroup
-    reader: object
-    handles: list
-    span: tuple[int, int, int]  # start_time, end_time, rows to skip
-    start: int
-    num_rows: int
 
 
 class _Segments:
@@ -205,7 +201,6 @@ class BatchReader:
         self.index_dir = index_dir
         self.index_stride = index_stride
         self.files = OpenFiles(catalog.files, read_backend, max_open_files, malloc_tuning)
-        self._lock = threading.Lock()  # counters, shared with decode threads
         self._pool = None
         if cache_bytes is None:
             cache_bytes = default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
@@ -214,35 +209,27 @@ class BatchReader:
         #: The view of every column, in catalog order (what the row datasets read).
         self.full = self.view(tuple(range(len(catalog.columns))))
         #: Rows per decoded block actually used (see the module notes).
-        self.block_rows = self._fit_block_rows(block_rows)
+        self.block_rows = _fit_block_rows(self, block_rows)
         self._clip = (0, catalog.num_rows)
-        self._indexes: dict[int, TimeIndex] = {}
-        #: Rows decoded by native queries, summed over groups (what caches save).
-        self.decoded_rows = 0
         # Note: integrity hooks (tsfile_torch.integrity.checks)
         self.statistics = (
             StatisticsCheck(catalog, self.dtype, cell_sums) if check_statistics else None
         )
-        #: called with a description of each native read before it starts, and with None after
-        #: it (DataLoader workers record it so the main process can name a crashed read)
-        self.on_read = None
-
-    def _fit_block_rows(self, block_rows: int) -> int:
-        if not self.cache.capacity:
-            return block_rows
-        row_bytes = len(self.catalog.columns) * self.dtype.itemsize + 8 * self.full.segments.widest
-        fit = self.cache.capacity // (2 * max(row_bytes, 1))
-        if fit >= block_rows:
-            return block_rows
-        stride = self.index_stride
-        return max(stride, fit // stride * stride)
+        #: decodes row ranges of one group through the open files (Note: guarded read)
+        self.decoder = GroupDecoder(
+            catalog,
+            self.files,
+            read_backend,
+            self.dtype,
+            self.cache,
+            self.statistics,
+            index_dir,
+            index_stride,
+        )
 
     # -- lifetime -------------------------------------------------------------------------
     def __getstate__(self):
-        raise TypeError(
-            "BatchReader holds native readers and cannot be pickled; pickle the "
-            "dataset instead, which drops its reader"
-        )
+        raise TypeError("BatchReader holds native readers: pickle the dataset, which drops it")
 
     @property
     def pid(self) -> int:
@@ -306,167 +293,26 @@ class BatchReader:
         for info in self.catalog.files:
             info.check_unchanged()
 
-    # -- decoding -------------------------------------------------------------------------
-    def _index(self, group_index: int) -> TimeIndex:
-        index = self._indexes.get(group_index)
-        if index is None:
-            group = self.catalog.groups[group_index]
-            info = self.catalog.files[group.file_index]
+    # -- decoding (read/decode.py) ----------------------------------------------------------
+    @property
+    def on_read(self):
+        """Called with a description of each native read before it starts, and with None after
+        it (DataLoader workers record it so the main process can name a crashed read)."""
+        return self.decoder.on_read
 
-            def fetch(t0: int, t1: int) -> np.ndarray:
-                reader, handles = self.files.handles(group_index, group)  # may have been closed
-                what = (
-                    f"device {'.'.join(map(str, group.device))}, timestamps [{t0}, {t1}] for "
-                    f"the timeline index via {self.read_backend}"
-                )
-                return guarded_call(  # Note: guarded read
-                    info,
-                    what,
-                    query_times,
-                    reader,
-                    handles[0],
-                    group.aligned,
-                    t0,
-                    t1,
-                    on_read=self.on_read,
-                )
+    @on_read.setter
+    def on_read(self, hook) -> None:
+        self.decoder.on_read = hook
 
-            # open first: the cache key is the identity the reader was opened on (Note: index
-            # cache), never the file's identity at save time
-            self.files.handles(group_index, group)
-            opened = self.files.opened_identity(group.file_index)
-            key = info.source.index_key(opened) if opened is not None else None
-            index = open_index(fetch, info, group, self.index_stride, self.index_dir, key)
-            self._indexes[group_index] = index
-        return index
-
-    def _span(self, group_index: int, start: int, stop: int) -> tuple[int, int, int]:
-        group = self.catalog.groups[group_index]
-        if start == 0 and stop == group.num_rows:
-            return group.start_time, group.end_time, 0
-        # learning the index checks the time column it reads (Note: whole time column first):
-        # a mismatch found there is damage too
-        with damage_remembered(self.catalog.files[group.file_index]):
-            index = self._index(group_index)
-            was_complete = index.complete
-            span = index.time_range(start, stop)
-        if index.cache_path and index.complete and not was_complete:
-            self.catalog.files[group.file_index].check_unchanged()  # Note: index cache
-            save_index(index)
-        return span
-
-    def _plan(self, group_index: int, start: int, stop: int) -> _Plan:
-        """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread)."""
-        group = self.catalog.groups[group_index]
-        span = self._span(group_index, start, stop)
-        reader, handles = self.files.handles(group_index, group)
-        return _Plan(group_index, group, reader, handles, span, start, stop - start)
-
-    def _decode(self, plan: _Plan) -> Block:
-        """Decode one planned range of one group into a block of exactly its rows.
-
-        Note: integrity hooks (tsfile_torch.integrity.checks), through Note: guarded read
-        (:mod:`tsfile_torch.native.guard`): the file is checked unchanged before and after,
-        the read is announced (worker slot; a frame that names it in a fatal signal report),
-        and the decoded block is checked against the metadata statistics.
-        """
-        info = self.catalog.files[plan.group.file_index]
-        check = self.statistics
-        verify = None
-        if check is not None:
-
-            def verify(block: Block) -> None:
-                check.block(plan.group_index, plan.start, block.times, block.values)
-
-        return guarded_call(
-            info,
-            self._describe(plan),
-            self._decode_native,
-            plan,
-            on_read=self.on_read,
-            verify=verify,
-        )
-
-    def _decode_native(self, plan: _Plan) -> Block:
-        group, reader, handles, num_rows = plan.group, plan.reader, plan.handles, plan.num_rows
-        start_time, end_time, skip = plan.span
-        out = self.cache.buffers(len(handles), num_rows)
-        times, values = out.times, out.values
-        want = skip + num_rows
-        try:
-            results = query(reader, handles, group.aligned, start_time, end_time)
-            for k0, result in enumerate(results):
-                pos = 0
-                with result:
-                    while pos < want and (batch := result.read_arrow_record_batch()) is not None:
-                        a, b = max(pos, skip), min(pos + batch.num_rows, want)
-                        if a < b:
-                            part = batch.slice(a - pos, b - a)
-                            o = a - skip
-                            stamps = part.column(0).to_numpy(zero_copy_only=False)
-                            if k0 == 0:
-                                times[o : o + b - a] = stamps
-                            elif not np.array_equal(times[o : o + b - a], stamps):
-                                raise SchemaError(
-                                    self._misaligned(group, group.columns[0], group.start_row + o)
-                                )
-                            for k in range(1, part.num_columns):
-                                values[k0 + k - 1, o : o + b - a] = _as_float(part.column(k))
-                        pos += batch.num_rows
-                if pos < want:
-                    raise TsFileFormatError(self._lost(group, start_time, num_rows, pos - skip))
-        except BaseException:
-            self.cache.recycle(out)
-            raise
-        with self._lock:
-            self.decoded_rows += num_rows
-        return out
+    @property
+    def decoded_rows(self) -> int:
+        """Rows decoded by native queries, summed over groups (what caches save)."""
+        return self.decoder.decoded_rows
 
     def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Read group-local rows ``[start, stop)`` of one read group (one device of one file).
-
-        Cost ~ the rows read, wherever they sit in the file (a time-range query).
-
-        Returns:
-            ``(times, values)``: int64 ``(n,)`` timestamps and ``(len(group.columns), n)`` values
-            in ``dtype`` (nulls NaN), in the order of ``catalog.groups[group_index].columns``.
-            The arrays may be reused by later calls: copy what you keep.
-        """
-        group = self.catalog.groups[group_index]
-        if not 0 <= start < stop <= group.num_rows:
-            raise ValueError(
-                f"rows [{start}, {stop}) are outside group {group_index}'s {group.num_rows} rows"
-            )
-        block = self._decode(self._plan(group_index, start, stop))
-        return block.times, block.values
-
-    def _describe(self, plan: _Plan) -> str:
-        return (
-            f"reading device {'.'.join(map(str, plan.group.device))}, rows [{plan.start}, "
-            f"{plan.start + plan.num_rows}) via {self.read_backend}"
-        )
-
-    def _lost(self, group: ReadGroup, start_time: int, num_rows: int, got: int) -> str:
-        info = self.catalog.files[group.file_index]
-        return (
-            f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows from "
-            f"time {start_time}, expected {num_rows}; metadata and data disagree (damaged or "
-            f"changed file); {SKIP_HINT}"
-        )
-
-    def _misaligned(self, group: ReadGroup, ref: int, row: int, ref_time=None, time=None) -> str:
-        names = [self.catalog.columns[c].name for c in group.columns]
-        where = (
-            f"at row {row} (time {ref_time} vs {time})" if time is not None else f"near row {row}"
-        )
-        info = self.catalog.files[group.file_index]
-        return (
-            f"{info.name}: columns {names} do not share timestamps with column "
-            f"{self.catalog.columns[ref].name!r} {where}, though their metadata agree on row "
-            f"count and time range: either they sample at different times (pass align='union' "
-            f"/ 'intersect' to join them on time) or a file is damaged (check it with "
-            f"`tsfile-torch verify`)"
-        )
+        """Read group-local rows ``[start, stop)`` of one read group (see
+        :meth:`~tsfile_torch.read.decode.GroupDecoder.read_group`)."""
+        return self.decoder.read_group(group_index, start, stop)
 
     # -- blocks -----------------------------------------------------------------------------
     def _block_rows_of(self, group: ReadGroup, block: int) -> tuple[int, int]:
@@ -495,20 +341,20 @@ class BatchReader:
             return
         exact = not self.cache.capacity or (random_access and group.num_rows > self.block_rows)
         if exact:
-            block = self._decode(self._plan(group_index, local_lo, local_hi))
+            block = self.decoder.decode(self.decoder.plan(group_index, local_lo, local_hi))
             yield group.start_row + local_lo - start_row, 0, local_hi - local_lo, block, None
             self.cache.recycle(block)
             return
         for b, need_lo, need_hi, lo, hi in self._block_needs(group, local_lo, local_hi):
             if need_lo < lo or need_hi > hi:  # rows outside set_range: read exactly, keep none
-                data = self._decode(self._plan(group_index, need_lo, need_hi))
+                data = self.decoder.decode(self.decoder.plan(group_index, need_lo, need_hi))
                 yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data, None
                 self.cache.recycle(data)
                 continue
             key = (group_index, b)
             data = self.cache.get(key)
             if data is None:
-                data = self._decode(self._plan(group_index, lo, hi))
+                data = self.decoder.decode(self.decoder.plan(group_index, lo, hi))
                 self.cache.put(key, data)
             yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
 
@@ -533,12 +379,12 @@ class BatchReader:
         too_many_files = len(files) > self.files.max_open_files
         if len(missing) < 2 or nbytes > self.cache.capacity or too_many_files:
             return
-        plans = [(key, self._plan(gi, lo, hi)) for key, gi, lo, hi in missing]
+        plans = [(key, self.decoder.plan(gi, lo, hi)) for key, gi, lo, hi in missing]
         if self._pool is None:
             from concurrent.futures import ThreadPoolExecutor
 
             self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="tsfile-decode")
-        for key, data in self._pool.map(lambda kp: (kp[0], self._decode(kp[1])), plans):
+        for key, data in self._pool.map(lambda kp: (kp[0], self.decoder.decode(kp[1])), plans):
             self.cache.put(key, data)
 
     # -- assembly ---------------------------------------------------------------------------
@@ -647,7 +493,9 @@ class BatchReader:
         if not np.array_equal(ref, got):
             bad = int(np.flatnonzero(ref != got)[0])
             group = self.catalog.groups[gi]
-            message = self._misaligned(group, view.columns[0], row + bad, ref[bad], got[bad])
+            message = misaligned(
+                self.catalog, group, view.columns[0], row + bad, ref[bad], got[bad]
+            )
             raise SchemaError(message)
 
     def _verify_block(self, view: RowView, gi: int, block: Block, number: int | None) -> None:
@@ -673,13 +521,3 @@ def _target(columns: tuple[int, ...]) -> slice | list[int]:
     if columns == tuple(range(columns[0], columns[0] + len(columns))):
         return slice(columns[0], columns[0] + len(columns))
     return list(columns)
-
-
-def _as_float(column: pa.Array) -> np.ndarray:
-    """Return an Arrow numeric column as a float numpy array, nulls as NaN."""
-    kind = column.type
-    if pa.types.is_floating(kind):
-        return column.to_numpy(zero_copy_only=False)
-    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
-        column = column.cast(pa.int64())
-    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)

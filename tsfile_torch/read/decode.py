@@ -1,0 +1,246 @@
+"""GroupDecoder: decodes row ranges of one read group (one device of one file) into blocks.
+
+What :class:`~tsfile_torch.read.reader.BatchReader` asks of the files: the row -> time index of
+a group (Note: reads by time range), a time-range query of its rows, and the decoded block,
+every native call through the one guarded read (:mod:`tsfile_torch.native.guard`: change check,
+announcement, error translation, statistics check, damage memory). Buffers come from, and go
+back to, the reader's :class:`~tsfile_torch.read.blockcache.BlockCache` (Note: recycled
+buffers).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tsfile_torch.catalog.build import Catalog, ReadGroup
+from tsfile_torch.errors import SKIP_HINT, SchemaError, TsFileFormatError
+from tsfile_torch.native.guard import damage_remembered, guarded_call
+from tsfile_torch.native.queries import query, query_times
+from tsfile_torch.read.blockcache import Block, BlockCache
+from tsfile_torch.read.openfiles import OpenFiles
+from tsfile_torch.read.timeline import TimeIndex, open_index, save_index
+
+__all__ = ["GroupDecoder", "Plan", "misaligned"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One native read, prepared in the calling thread: group-local rows of one group."""
+
+    group_index: int
+    group: ReadGroup
+    reader: object
+    handles: list
+    span: tuple[int, int, int]  # start_time, end_time, rows to skip
+    start: int
+    num_rows: int
+
+
+class GroupDecoder:
+    """Decode group-local row ranges through ``files`` (see the module notes)."""
+
+    def __init__(
+        self,
+        catalog: Catalog,
+        files: OpenFiles,
+        read_backend: str,
+        dtype: np.dtype,
+        buffers: BlockCache,
+        statistics,
+        index_dir: str | None,
+        index_stride: int,
+    ):
+        self.catalog = catalog
+        self.files = files
+        self.read_backend = read_backend
+        self.dtype = dtype
+        self.buffers = buffers
+        self.statistics = statistics
+        self.index_dir = index_dir
+        self.index_stride = index_stride
+        self._indexes: dict[int, TimeIndex] = {}
+        self._lock = threading.Lock()  # counters, shared with decode threads
+        #: Rows decoded by native queries, summed over groups (what caches save).
+        self.decoded_rows = 0
+        #: called with a description of each native read before it starts, and with None after
+        self.on_read = None
+
+    def index(self, group_index: int) -> TimeIndex:
+        index = self._indexes.get(group_index)
+        if index is None:
+            group = self.catalog.groups[group_index]
+            info = self.catalog.files[group.file_index]
+
+            def fetch(t0: int, t1: int) -> np.ndarray:
+                reader, handles = self.files.handles(group_index, group)  # may have been closed
+                what = (
+                    f"device {'.'.join(map(str, group.device))}, timestamps [{t0}, {t1}] for "
+                    f"the timeline index via {self.read_backend}"
+                )
+                return guarded_call(  # Note: guarded read
+                    info,
+                    what,
+                    query_times,
+                    reader,
+                    handles[0],
+                    group.aligned,
+                    t0,
+                    t1,
+                    on_read=self.on_read,
+                )
+
+            # open first: the cache key is the identity the reader was opened on (Note: index
+            # cache), never the file's identity at save time
+            self.files.handles(group_index, group)
+            opened = self.files.opened_identity(group.file_index)
+            key = info.source.index_key(opened) if opened is not None else None
+            index = open_index(fetch, info, group, self.index_stride, self.index_dir, key)
+            self._indexes[group_index] = index
+        return index
+
+    def span(self, group_index: int, start: int, stop: int) -> tuple[int, int, int]:
+        group = self.catalog.groups[group_index]
+        if start == 0 and stop == group.num_rows:
+            return group.start_time, group.end_time, 0
+        # learning the index checks the time column it reads (Note: whole time column first):
+        # a mismatch found there is damage too
+        with damage_remembered(self.catalog.files[group.file_index]):
+            index = self.index(group_index)
+            was_complete = index.complete
+            span = index.time_range(start, stop)
+        if index.cache_path and index.complete and not was_complete:
+            self.catalog.files[group.file_index].check_unchanged()  # Note: index cache
+            save_index(index)
+        return span
+
+    def plan(self, group_index: int, start: int, stop: int) -> Plan:
+        """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread)."""
+        group = self.catalog.groups[group_index]
+        span = self.span(group_index, start, stop)
+        reader, handles = self.files.handles(group_index, group)
+        return Plan(group_index, group, reader, handles, span, start, stop - start)
+
+    def decode(self, plan: Plan) -> Block:
+        """Decode one planned range of one group into a block of exactly its rows.
+
+        Note: integrity hooks (tsfile_torch.integrity.checks), through Note: guarded read
+        (:mod:`tsfile_torch.native.guard`): the file is checked unchanged before and after,
+        the read is announced (worker slot; a frame that names it in a fatal signal report),
+        and the decoded block is checked against the metadata statistics.
+        """
+        info = self.catalog.files[plan.group.file_index]
+        check = self.statistics
+        verify = None
+        if check is not None:
+
+            def verify(block: Block) -> None:
+                check.block(plan.group_index, plan.start, block.times, block.values)
+
+        return guarded_call(
+            info,
+            self._describe(plan),
+            self._decode_native,
+            plan,
+            on_read=self.on_read,
+            verify=verify,
+        )
+
+    def _decode_native(self, plan: Plan) -> Block:
+        group, reader, handles, num_rows = plan.group, plan.reader, plan.handles, plan.num_rows
+        start_time, end_time, skip = plan.span
+        out = self.buffers.buffers(len(handles), num_rows)
+        times, values = out.times, out.values
+        want = skip + num_rows
+        try:
+            results = query(reader, handles, group.aligned, start_time, end_time)
+            for k0, result in enumerate(results):
+                pos = 0
+                with result:
+                    while pos < want and (batch := result.read_arrow_record_batch()) is not None:
+                        a, b = max(pos, skip), min(pos + batch.num_rows, want)
+                        if a < b:
+                            part = batch.slice(a - pos, b - a)
+                            o = a - skip
+                            stamps = part.column(0).to_numpy(zero_copy_only=False)
+                            if k0 == 0:
+                                times[o : o + b - a] = stamps
+                            elif not np.array_equal(times[o : o + b - a], stamps):
+                                raise SchemaError(
+                                    misaligned(
+                                        self.catalog, group, group.columns[0], group.start_row + o
+                                    )
+                                )
+                            for k in range(1, part.num_columns):
+                                values[k0 + k - 1, o : o + b - a] = _as_float(part.column(k))
+                        pos += batch.num_rows
+                if pos < want:
+                    raise TsFileFormatError(self._lost(group, start_time, num_rows, pos - skip))
+        except BaseException:
+            self.buffers.recycle(out)
+            raise
+        with self._lock:
+            self.decoded_rows += num_rows
+        return out
+
+    def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        """Read group-local rows ``[start, stop)`` of one read group (one device of one file).
+
+        Cost ~ the rows read, wherever they sit in the file (a time-range query).
+
+        Returns:
+            ``(times, values)``: int64 ``(n,)`` timestamps and ``(len(group.columns), n)`` values
+            in ``dtype`` (nulls NaN), in the order of ``catalog.groups[group_index].columns``.
+            The arrays may be reused by later calls: copy what you keep.
+        """
+        group = self.catalog.groups[group_index]
+        if not 0 <= start < stop <= group.num_rows:
+            raise ValueError(
+                f"rows [{start}, {stop}) are outside group {group_index}'s {group.num_rows} rows"
+            )
+        block = self.decode(self.plan(group_index, start, stop))
+        return block.times, block.values
+
+    def _describe(self, plan: Plan) -> str:
+        return (
+            f"reading device {'.'.join(map(str, plan.group.device))}, rows [{plan.start}, "
+            f"{plan.start + plan.num_rows}) via {self.read_backend}"
+        )
+
+    def _lost(self, group: ReadGroup, start_time: int, num_rows: int, got: int) -> str:
+        info = self.catalog.files[group.file_index]
+        return (
+            f"{info.name}: device {'.'.join(map(str, group.device))} returned {got} rows from "
+            f"time {start_time}, expected {num_rows}; metadata and data disagree (damaged or "
+            f"changed file); {SKIP_HINT}"
+        )
+
+
+def misaligned(
+    catalog: Catalog, group: ReadGroup, ref: int, row: int, ref_time=None, time=None
+) -> str:
+    """Return the message of columns of one group that do not share timestamps."""
+    names = [catalog.columns[c].name for c in group.columns]
+    where = f"at row {row} (time {ref_time} vs {time})" if time is not None else f"near row {row}"
+    info = catalog.files[group.file_index]
+    return (
+        f"{info.name}: columns {names} do not share timestamps with column "
+        f"{catalog.columns[ref].name!r} {where}, though their metadata agree on row "
+        f"count and time range: either they sample at different times (pass align='union' "
+        f"/ 'intersect' to join them on time) or a file is damaged (check it with "
+        f"`tsfile-torch verify`)"
+    )
+
+
+def _as_float(column: pa.Array) -> np.ndarray:
+    """Return an Arrow numeric column as a float numpy array, nulls as NaN."""
+    kind = column.type
+    if pa.types.is_floating(kind):
+        return column.to_numpy(zero_copy_only=False)
+    if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
+        column = column.cast(pa.int64())
+    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
