@@ -386,8 +386,9 @@ def test_an_unsupported_model_is_an_error_naming_the_supported_ones(panel):
 
 def test_the_model_and_the_windows_both_scaling_is_a_warning(panel):
     model = tiny("PatchTSTForPrediction")
-    with pytest.warns(UserWarning, match=r"both scale: .*PatchTSTConfig.scaling='std'"):
+    with pytest.warns(UserWarning, match=r"both scale: .*PatchTSTConfig.scaling='std'") as w:
         hf.windows_for(model, panel, normalize="minmax")
+    assert [x.filename for x in w if "both scale" in str(x.message)] == [__file__]
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         hf.windows_for(tiny("PatchTSTForPrediction", scaling=None), panel, normalize="minmax")

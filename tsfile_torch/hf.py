@@ -33,7 +33,6 @@ from the first row in range (0 on padded steps), so ``num_time_features`` is
 from __future__ import annotations
 
 import dataclasses
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -41,6 +40,7 @@ import numpy as np
 import torch
 
 from tsfile_torch.data.windows import TsFileWindowDataset, WindowBatch
+from tsfile_torch.errors import warn_caller
 
 __all__ = [
     "FAMILIES",
@@ -158,6 +158,12 @@ class ModelInputs:
     future_missing: str
     keep: tuple[str, ...]
 
+    @property
+    def keys(self) -> list[str]:
+        """The keys of every item, in order: forward arguments, then ``keep``'s."""
+        skip = () if self.static else ("static_categorical_features",)
+        return [k for k in self.family.forward_keys if k not in skip] + list(self.keep)
+
     def forward(self, parts: dict[str, torch.Tensor], rows: np.ndarray | None) -> dict:
         """Return the forward arguments of a batch of dict items (``rows``: start row of each
         window, for the age feature)."""
@@ -230,7 +236,7 @@ class HFWindows(TsFileWindowDataset):
     @property
     def forward_keys(self) -> list[str]:
         """The keys of every item: forward arguments of the model (then ``keep=``'s keys)."""
-        return list(self[0]) if len(self) else []
+        return self.inputs.keys
 
     def generate_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Return the arguments of ``model.generate`` from a batch: it forecasts the future,
@@ -433,12 +439,10 @@ def windows_for(
         static = _check_static(family, config, ds, static_categorical)
     scaling = getattr(config, "scaling", None)
     if ds.normalizer is not None and scaling not in (None, False, "none"):
-        warnings.warn(
+        warn_caller(
             f"both scale: the windows are normalized (normalize=) and {family.config}."
             f"scaling={scaling!r} scales each window again; pass scaling=None to the config "
-            f"or leave normalize= out",
-            UserWarning,
-            stacklevel=2,
+            f"or leave normalize= out"
         )
     squeeze = family.lags and series == 1
     ds.inputs = ModelInputs(family, context, squeeze, age, static, future_missing, keep)
