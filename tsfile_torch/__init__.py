@@ -39,6 +39,7 @@ _PUBLIC = {
     "ReadOptions": "tsfile_torch.options",
     "ORDERS": "tsfile_torch.sampling.orders",
     "synthetic": "tsfile_torch.synthetic",
+    "hf": "tsfile_torch.hf",
     "process": "tsfile_torch.process",
     "write_dataframe": "tsfile_torch.convert",
 }
