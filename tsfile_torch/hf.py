@@ -231,7 +231,6 @@ class HFWindows(TsFileWindowDataset):
         self.inputs = inputs
         #: windows with a missing future target, counted by the check (None: not counted)
         self.missing_future: int | None = None
-        self._first_rows: dict[int, int] = {}
 
     @property
     def forward_keys(self) -> list[str]:
@@ -255,23 +254,8 @@ class HFWindows(TsFileWindowDataset):
         return WindowBatch(tuple(out.values()), tuple(out))
 
     def _start_rows(self, indices: np.ndarray, device_id: torch.Tensor) -> np.ndarray:
-        """Return the first device row of each window (for the age feature).
-
-        Windows of a device start at its first window's row, + stride, ... unless
-        ``max_missing`` left some out; then each window is asked for its own.
-        """
-        if not len(indices):
-            return np.zeros(0, dtype=np.int64)
-        indices = indices % len(self)
-        if self.max_missing is not None:
-            return np.array([self.window_info(int(i)).start_row for i in indices], np.int64)
-        first = np.concatenate([[0], np.cumsum(list(self.window_counts().values()))])
-        devices = device_id.numpy()
-        for k in np.unique(devices).tolist():
-            if k not in self._first_rows:
-                self._first_rows[k] = self.window_info(int(first[k])).start_row
-        base = np.array([self._first_rows[k] for k in devices.tolist()], dtype=np.int64)
-        return base + (indices - first[devices]) * self.stride
+        """Return the first device row of each window (for the age feature)."""
+        return self.index.locate(indices)[1]
 
     def split_by_time(self, t) -> tuple[HFWindows, HFWindows]:
         """Return ``(train, validation)`` split at ``t``, as the window dataset's
@@ -507,7 +491,7 @@ def _check_future(ds: HFWindows) -> None:
     try:
         for lo in range(0, len(ds), _SCAN_WINDOWS):
             indices = range(lo, min(lo + _SCAN_WINDOWS, len(ds)))
-            batch = TsFileWindowDataset.__getitems__(ds, indices)  # the plain windows
+            batch = ds.gather(list(indices))  # the plain windows (never a kept batch)
             parts = dict(zip(batch.keys, batch.parts, strict=True))
             missing = (parts["future_observed_mask"] == 0).flatten(1).any(1)
             past_missing = (parts["past_observed_mask"] == 0).flatten(1).any(1)
