@@ -33,8 +33,19 @@ def _private_cache_home(tmp_path_factory):
 
 @pytest.fixture(params=["auto", "mmap", "pread"])
 def read_backend(request) -> str:
-    """Every read test runs once per backend."""
+    """Every read test runs once per backend (see ``other_backends_slow``)."""
     return request.param
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m 'not slow'`` deselects
+def pytest_collection_modifyitems(items):
+    """``@pytest.mark.other_backends_slow``: of a test costly on every backend, the ``auto`` case
+    runs in the fast suite and the ``mmap`` / ``pread`` cases are marked slow."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("read_backend", "auto") if callspec else "auto"
+        if backend != "auto" and item.get_closest_marker("other_backends_slow"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

@@ -17,6 +17,7 @@ from tsfile_torch import (
 )
 
 
+@pytest.mark.other_backends_slow
 @pytest.mark.parametrize("order", ["sequential", "batches", "shuffle"])
 def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, read_backend, order):
     ds = TsFileIterableDataset(
@@ -131,6 +132,7 @@ def test_in_process_reader_is_kept_across_epochs(small_dir):
     assert ds.reader is reader and reader.open_count == opens == 3
 
 
+@pytest.mark.slow  # spawned workers
 def test_spawn_start_method_works(small_dir, small_expected, rows_of):
     ds = TsFileIterableDataset(small_dir, batch_size=1000, read_backend="mmap")
     next(iter(ds))  # the parent has open readers: they must not travel
