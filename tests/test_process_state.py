@@ -44,7 +44,14 @@ KINDS = {
 }
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "rows",
+        pytest.param("map", marks=pytest.mark.slow),
+        pytest.param("windows", marks=pytest.mark.slow),
+    ],
+)
 def test_a_plain_dataloader_after_a_make_loader_loader_keeps_the_handler_it_had(small_dir, kind):
     _plain_loader_pass()  # torch's handler installed and its flag set, as in a user's script
     before = _state()

@@ -175,7 +175,7 @@ def test_window_resume_with_workers_of_another_start_method(panel, method):
         assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
     panel, tmp_path, num_workers
 ):
@@ -187,7 +187,7 @@ def test_a_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
     _check(ds, following, _batches(sampler, 3))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_pass_begun_after_one_broken_off_resumes_as_the_next_epoch(panel, tmp_path, num_workers):
     log = str(tmp_path / "log")
     _, loader = _build(panel, log, num_workers)
