@@ -7,6 +7,8 @@ build the expected matrix for any row range, so a test's expected answer is one 
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -31,8 +33,19 @@ def _private_cache_home(tmp_path_factory):
 
 @pytest.fixture(params=["auto", "mmap", "pread"])
 def read_backend(request) -> str:
-    """Every read test runs once per backend."""
+    """Every read test runs once per backend (see ``other_backends_slow``)."""
     return request.param
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m 'not slow'`` deselects
+def pytest_collection_modifyitems(items):
+    """``@pytest.mark.other_backends_slow``: of a test costly on every backend, the ``auto`` case
+    runs in the fast suite and the ``mmap`` / ``pread`` cases are marked slow."""
+    for item in items:
+        callspec = getattr(item, "callspec", None)
+        backend = callspec.params.get("read_backend", "auto") if callspec else "auto"
+        if backend != "auto" and item.get_closest_marker("other_backends_slow"):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -143,12 +156,44 @@ class S3Server:
         self._thread.join()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def s3_server():
-    """One moto S3 server on 127.0.0.1 (a free port) for the session; buckets per test."""
+    """A moto S3 server on 127.0.0.1 (a free port) for one test (Note: no thread outlives a
+    test); moto's buckets live in the process, so each test uses buckets of its own name."""
     server = S3Server()
     yield server
     server.close()
+
+
+def _stop_fsspec_io_thread() -> None:
+    """Stop fsspec's IO loop thread and the loop's executor thread (fsspec never stops them)."""
+    asyn = sys.modules.get("fsspec.asyn")
+    if asyn is None or asyn.loop[0] is None:
+        return
+    from fsspec.spec import AbstractFileSystem
+
+    classes = [AbstractFileSystem]
+    for cls in classes:  # cached filesystems hold the loop: a later one must get a new loop
+        cls.clear_instance_cache()
+        classes.extend(cls.__subclasses__())
+    loop, thread = asyn.loop[0], asyn.iothread[0]
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=30)
+    if not thread.is_alive():
+        loop.run_until_complete(loop.shutdown_default_executor())
+        loop.close()
+    asyn.reset_lock()
+
+
+@pytest.fixture(autouse=True)
+def _no_thread_outlives_a_test():
+    """Note: no thread outlives a test. While another Python thread runs, a dataset build
+    validates its files in a fresh interpreter instead of a fork (``can_fork`` in
+    tsfile_torch/integrity/validate.py): about 0.5 s a build instead of 0.02 s. fsspec's IO
+    thread (started by the first s3fs call) and a session-long S3 server made every build after
+    the first remote test slow, so the suite's time depended on its order."""
+    yield
+    _stop_fsspec_io_thread()
 
 
 @pytest.fixture(scope="session")

@@ -112,12 +112,13 @@ def _damaged(data: bytes, case: str) -> bytes:
     raise ValueError(case)
 
 
-DEFAULT_CASES = [
+DEFAULT_CASES = [  # a subprocess each: one in the fast suite
     "flip:end+8",  # the metadata-size field: SIGSEGV at build before issue 7
-    "flip:s1+0",  # a value-chunk marker: SIGSEGV at the first batch before issue 7
-    "flip:s1+10000",  # a data page
-    "truncate:0.5",
-    "garbage:",
+    # a value-chunk marker: SIGSEGV at the first batch before issue 7
+    pytest.param("flip:s1+0", marks=pytest.mark.slow),
+    pytest.param("flip:s1+10000", marks=pytest.mark.slow),  # a data page
+    pytest.param("truncate:0.5", marks=pytest.mark.slow),
+    pytest.param("garbage:", marks=pytest.mark.slow),
 ]
 SLOW_CASES = [
     "truncate:0.1",
@@ -222,6 +223,7 @@ def _change_case(run_python, tmp_path, pristine, change, kind, change_epoch):
         assert all(o["result"] == "error" for o in outcomes), outcomes
 
 
+@pytest.mark.slow  # a subprocess per change (between epochs: tests/test_errors.py)
 @pytest.mark.parametrize("change", ["truncate", "overwrite_keep_mtime"])
 def test_file_changed_mid_epoch_reads_exactly_or_fails_naming_it(
     run_python, tmp_path, pristine, change
@@ -229,6 +231,7 @@ def test_file_changed_mid_epoch_reads_exactly_or_fails_naming_it(
     _change_case(run_python, tmp_path, pristine, change, "iterable", 0)
 
 
+@pytest.mark.slow  # a subprocess per change
 def test_map_style_dataset_without_set_epoch_notices_a_truncation(run_python, tmp_path, pristine):
     _change_case(run_python, tmp_path, pristine, "truncate", "map", 0)
 
@@ -355,6 +358,7 @@ except TsFileFormatError as err:
 """
 
 
+@pytest.mark.slow  # decodes whole files
 def test_full_validation_finds_a_later_value_chunk_that_crashes_the_reader(tmp_path, run_python):
     path = _later_value_chunk_damaged(tmp_path)
     crashed = run_python(LATER_VALUE_CHUNK, str(path), "True")

@@ -97,7 +97,9 @@ def _raw_epoch(loader):
     return list(passing._inner)
 
 
-@pytest.mark.parametrize("kind", ["sequential", "shuffle", "windows"])
+@pytest.mark.parametrize(
+    "kind", [pytest.param("sequential", marks=pytest.mark.slow), "shuffle", "windows"]
+)
 def test_workers_hand_kept_batches_over_by_reference(rows_dir, panel_dir, tmp_path, kind):
     """Note: hand-over. Epoch 1 fills the entry; in epoch 2 the workers send KeptBatch
     requests (no values), and make_loader's iterator serves exactly the streaming batches."""

@@ -14,6 +14,8 @@ DOCS = ROOT / "docs"
 PAGES = sorted(DOCS.glob("*.md"))
 #: pages whose blocks need a service started for them; each has its own test below
 NEEDS_SETUP = {"object-storage.md"}
+#: pages whose blocks take seconds (workers, conversions): run with -m slow
+SLOW_PAGES = {"convert.md", "orders-and-resume.md"}
 #: every block the default run leaves out, README's included: each is listed with its reason
 LEFT_OUT = [b for page in [ROOT / "README.md", *PAGES] for b in blocks(page) if b.mark]
 
@@ -28,11 +30,18 @@ def in_tmp_path(tmp_path, monkeypatch):
 def test_every_page_is_in_the_site_navigation_and_has_a_test():
     nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     assert [p.name for p in PAGES if f": {p.name}" not in nav] == []
-    assert NEEDS_SETUP <= {p.name for p in PAGES}  # a renamed page is not silently untested
+    names = {p.name for p in PAGES}
+    assert NEEDS_SETUP | SLOW_PAGES <= names  # a renamed page is not silently untested
 
 
 @pytest.mark.parametrize(
-    "page", [p for p in PAGES if p.name not in NEEDS_SETUP], ids=lambda p: p.name
+    "page",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_PAGES else p
+        for p in PAGES
+        if p.name not in NEEDS_SETUP
+    ],
+    ids=lambda p: p.name,
 )
 def test_the_blocks_of_the_page_run_as_written(page, in_tmp_path):
     run_page(page, in_tmp_path)
@@ -74,6 +83,7 @@ def test_a_block_that_fails_fails_the_page_unless_marked_and_unknown_fences_are_
             blocks(page)
 
 
+@pytest.mark.slow  # an S3 server and a fresh interpreter
 def test_the_object_storage_page_runs_against_a_local_s3(
     s3_server, small_dir, in_tmp_path, monkeypatch, capsys
 ):

@@ -109,7 +109,10 @@ def _resume_elsewhere(kind, data, order, new_world, new_workers):
     assert later == fresh
 
 
-@pytest.mark.parametrize("kind, order", [("iterable", "shuffle"), ("window", "shuffle")])
+@pytest.mark.parametrize(
+    "kind, order",
+    [("iterable", "shuffle"), pytest.param("window", "shuffle", marks=pytest.mark.slow)],
+)
 def test_rest_of_an_epoch_from_two_ranks_of_two_workers_on_one_rank_of_three(
     rows_dir, panel_dir, kind, order
 ):

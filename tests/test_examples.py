@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tsfile_torch import synthetic
 
@@ -33,6 +34,7 @@ def test_training_example_runs_and_learns(tmp_path, monkeypatch, capsys):
     assert losses[2] < 0.8 * losses[0] and losses[2] < losses[1] < losses[0]
 
 
+@pytest.mark.slow  # a Jupyter kernel
 def test_quickstart_notebook_runs_in_a_kernel_with_jupyter_nbconvert_and_plots(tmp_path):
     # the command the docs give for the [notebook] extra, on a real Jupyter kernel
     synthetic.write_table_files(tmp_path, synthetic.DatasetSpec(num_files=2, num_rows=9000))

@@ -18,6 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 
 
+@pytest.mark.slow  # trains a model
 def test_forecast_example_trains_validates_and_plots(tmp_path, capsys):
     module = runpy.run_path(str(EXAMPLES / "forecast.py"))
     plot = tmp_path / "forecast.png"
@@ -52,6 +53,7 @@ def _values_at(series: pd.Series, stamps_ms: np.ndarray) -> np.ndarray:
     )
 
 
+@pytest.mark.slow  # trains a model
 def test_public_forecast_example_learns_statsmodels_series_from_one_tsfile(tmp_path, capsys):
     module = runpy.run_path(str(EXAMPLES / "public_forecast.py"))
     result = module["main"](["--out", str(tmp_path), "--epochs", "4"])
@@ -90,6 +92,7 @@ def test_public_forecast_example_learns_statsmodels_series_from_one_tsfile(tmp_p
     assert int(stamps.min()) == pd.Timestamp("1700-01-01").value // 10**6 < 0
 
 
+@pytest.mark.slow  # a Jupyter kernel
 def test_forecasting_notebook_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
@@ -121,6 +124,7 @@ def test_forecasting_notebook_runs_in_a_jupyter_kernel(tmp_path, monkeypatch):
     assert float(errors["co2"]) < 5 and float(errors["elnino"]) < 2  # ppm, degrees: in units
 
 
+@pytest.mark.slow  # trains with Lightning
 def test_lightning_example_trains_two_epochs_and_validates(tmp_path, capsys):
     # lightning is in the test extra: a missing install fails here rather than skipping
     module = runpy.run_path(str(EXAMPLES / "lightning_forecast.py"))

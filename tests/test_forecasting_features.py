@@ -108,7 +108,14 @@ def _exact_dicts(path, context, horizon, **kwargs) -> TsFileWindowDataset:
     )
 
 
-@pytest.mark.parametrize("fill", ["nan", "zero", "ffill"])
+@pytest.mark.parametrize(
+    "fill",
+    [
+        "nan",
+        pytest.param("zero", marks=pytest.mark.slow),
+        pytest.param("ffill", marks=pytest.mark.slow),
+    ],
+)
 def test_dict_items_match_the_written_frame(panel, fill):
     path, _, per_device = panel
     context, horizon = 6, 3

@@ -103,6 +103,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # forkserver workers
 def test_without_the_fix_a_plain_fork_raises_and_make_loader_uses_forkserver(
     small_dir, small_expected, run_python
 ):

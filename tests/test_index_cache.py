@@ -74,6 +74,7 @@ def _dataset(path: Path, index: Path) -> TsFileIterableDataset:
     )
 
 
+@pytest.mark.slow  # fresh interpreters
 def test_a_file_published_over_a_live_one_mid_epoch_is_read_exactly_by_a_new_process(
     tmp_path, run_python
 ):
@@ -92,6 +93,7 @@ def test_a_file_published_over_a_live_one_mid_epoch_is_read_exactly_by_a_new_pro
     assert len(list(index.rglob("*.npy"))) == 2  # the new file's index, under its own key
 
 
+@pytest.mark.slow  # fresh interpreters
 def test_cached_marks_that_disagree_with_the_file_are_ignored(tmp_path, run_python):
     index = tmp_path / "index"
     old = _write(tmp_path / "old.tsfile", 0)

@@ -10,7 +10,9 @@ import pytest
 EXAMPLE = Path(__file__).resolve().parent.parent / "examples" / "lightning_resume.py"
 
 
-@pytest.mark.parametrize("workers, resume_workers", [(2, 0), (0, 2)])
+@pytest.mark.parametrize(
+    "workers, resume_workers", [(2, 0), pytest.param(0, 2, marks=pytest.mark.slow)]
+)
 def test_lightning_resumes_the_rest_of_the_epoch_without_repeats_or_gaps(
     capsys, workers, resume_workers
 ):

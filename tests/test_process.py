@@ -103,6 +103,7 @@ print(json.dumps([before, rows, after_full, state()]))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter (fast: tests/test_process_state.py)
 def test_the_first_loader_of_a_fresh_process_leaves_its_defaults_as_they_were(
     small_dir, run_python
 ):
@@ -131,6 +132,7 @@ class _CrashesInNativeRead(TsFileIterableDataset):
         return super().__iter__()
 
 
+@pytest.mark.slow  # torch notices a crashed worker after seconds
 def test_a_worker_killed_in_native_code_is_a_worker_error_with_its_report_not_terminal_noise(
     small_dir, capfd
 ):
@@ -187,6 +189,7 @@ def test_effects_switch_by_name_and_unknown_names_are_value_errors(small_dir):
     assert process.enabled("crash_report")
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_build_in_a_thread_beside_another_thread_validates_without_forking(tmp_path):
     synthetic.write_table_files(tmp_path / "src", synthetic.DatasetSpec(1, 1, 4, 30000))
     data = bytearray(next((tmp_path / "src").glob("*.tsfile")).read_bytes())

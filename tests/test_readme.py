@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from doc_blocks import ROOT, run_page
 
@@ -10,6 +11,7 @@ from tsfile_torch import TsFileDataset
 README = ROOT / "README.md"
 
 
+@pytest.mark.slow  # every README block, ~10 s
 def test_every_readme_block_runs_and_shows_what_it_says(tmp_path, monkeypatch, capsys):
     import tempfile
 

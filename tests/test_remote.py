@@ -54,7 +54,7 @@ def _assert_every_row_exact(batches, expected: np.ndarray) -> None:
     np.testing.assert_array_equal(values[order], expected.astype(np.float32))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_iterable_dataset_reads_s3_exactly_and_a_second_epoch_fetches_nothing(
     s3_server, bucket, small_expected, tmp_path, s3_options, num_workers
 ):
@@ -81,7 +81,7 @@ def test_iterable_dataset_reads_s3_exactly_and_a_second_epoch_fetches_nothing(
             assert len(s3_server.requests) == before  # nothing at all reached the server
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_map_style_dataset_reads_s3_exactly(
     s3_server, bucket, small_expected, s3_options, num_workers
 ):
@@ -99,6 +99,7 @@ def test_map_style_dataset_reads_s3_exactly(
         assert set(ds.backends.values()) == {"mmap"}  # the local copies, memory-mapped
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_a_dataset_built_again_on_a_warm_cache_reads_no_object(
     s3_server, bucket, small_expected, tmp_path
 ):
@@ -111,6 +112,7 @@ def test_a_dataset_built_again_on_a_warm_cache_reads_no_object(
     assert s3_server.object_gets(bucket) == gets  # listing only: metadata and data are local
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_a_changed_object_is_fetched_again(s3_server, tmp_path):
     name = f"bucket-{next(_BUCKETS)}"
     old, new = tmp_path / "old", tmp_path / "new"
@@ -162,6 +164,7 @@ def _fetch_after(barrier, entry) -> None:
     assert path == entry.cache_path
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_cache_limit_keeps_the_copies_under_the_bound(s3_server, bucket, small_expected, tmp_path):
     cache = tmp_path / "cache"
     sizes = [
@@ -260,6 +263,7 @@ def test_file_urls_are_local_files_read_in_place(small_dir, small_expected):
     np.testing.assert_array_equal(local[0].numpy(), small_expected.astype(np.float32))
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
     s3_server, bucket, tmp_path, capsys
 ):
@@ -282,6 +286,7 @@ def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
     assert "remote, empty cache, workers=0" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path, s3_options):
     # one series continued across two files: rows 0..999 in day0, 1000..1999 in day1
     name = f"bucket-{next(_BUCKETS)}"
@@ -302,6 +307,7 @@ def test_a_process_downloads_only_the_files_its_rows_need(s3_server, tmp_path, s
     assert s3_server.object_gets(name, "day1_000.tsfile") == built["day1_000.tsfile"] + 1
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_reopened_readers_and_time_ranges_use_the_local_copies(
     s3_server, bucket, small_expected, s3_options
 ):
@@ -336,6 +342,7 @@ def test_an_object_deleted_after_the_build_is_an_error_naming_it_at_first_read(
     assert [p.name for p in (tmp_path / "cache").iterdir() if ".part." in p.name] == []
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_windows_over_an_s3_panel_equal_the_local_panels(s3_server, tmp_path):
     name = f"bucket-{next(_BUCKETS)}"
     panel = tmp_path / "panel"
@@ -376,6 +383,7 @@ def test_windows_over_an_s3_panel_equal_the_local_panels(s3_server, tmp_path):
     assert copies == ["panel000.tsfile", "panel001.tsfile"]  # read through local copies
 
 
+@pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_a_damaged_object_is_a_format_error_naming_its_url_not_a_crash(s3_server, tmp_path):
     name = f"bucket-{next(_BUCKETS)}"
     synthetic.write_table_files(tmp_path / "src", synthetic.DatasetSpec(1, 1, 4, 30000))

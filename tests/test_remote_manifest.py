@@ -102,6 +102,7 @@ def test_a_download_that_disagrees_with_the_etag_md5_is_an_error_and_not_cached(
     assert open(remote.fetch(entry), "rb").read() == body  # the real ETag: checked and kept
 
 
+@pytest.mark.slow  # S3 round trips
 def test_a_kms_encrypted_objects_etag_is_not_taken_for_an_md5(s3_server, files, tmp_path):
     import boto3
 
@@ -139,6 +140,7 @@ def test_an_object_the_manifest_beside_it_does_not_list_is_read_with_a_warning(
     assert [e.listed is None for e in entries] == [False, False, True]
 
 
+@pytest.mark.slow  # S3 round trips
 def test_a_multipart_etag_is_not_taken_for_an_md5(s3_server, files, tmp_path):
     bucket = f"etag-{next(_BUCKETS)}"
     client = s3_server.client

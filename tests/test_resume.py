@@ -85,8 +85,10 @@ def _uninterrupted(kind, data, tmp_path, num_workers, passes):
     return [_timestamps(loader) for _ in range(passes)]
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
-@pytest.mark.parametrize("kind", ["iterable", "map"])
+@pytest.mark.parametrize(
+    "kind, num_workers",
+    [("iterable", 0), ("map", 0), ("iterable", 2), pytest.param("map", 2, marks=pytest.mark.slow)],
+)
 def test_resume_in_epoch_0_and_1_gives_the_uninterrupted_batches(
     small_dir, tmp_path, kind, num_workers
 ):
@@ -102,6 +104,7 @@ def test_resume_in_epoch_0_and_1_gives_the_uninterrupted_batches(
         assert sorted(reads) == sorted(batch[0] for batch in rest)
 
 
+@pytest.mark.slow  # workers started every pass
 def test_resume_with_non_persistent_workers(small_dir, tmp_path):
     full = _uninterrupted("iterable", small_dir, tmp_path, 2, 3)
     head, rest, following, _ = _resume_run(

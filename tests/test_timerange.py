@@ -250,6 +250,7 @@ _FD_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.other_backends_slow
 def test_300_files_under_a_low_fd_limit_with_max_open_files(tmp_path, read_backend):
     spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=2, num_rows=100)
     data = tmp_path / "data"

@@ -108,7 +108,7 @@ def _resume_run(data, tmp_path, num_workers, epoch, k, stride=3, finish=False):
     return ds, loader.batch_sampler, head, rest, following, resumed_reads
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_window_resume_in_epoch_0_and_1_gives_the_uninterrupted_batches(
     panel, tmp_path, num_workers
 ):
@@ -132,6 +132,7 @@ def test_window_resume_in_epoch_0_and_1_gives_the_uninterrupted_batches(
         assert sorted(reads) == sorted(i for batch in orders[epoch][k:] for i in batch)
 
 
+@pytest.mark.slow  # a resume from every position (one resume, fast: the test above)
 @pytest.mark.parametrize("num_workers", [0, 2])
 def test_window_contract_save_at_every_position_of_an_epoch(panel, tmp_path, num_workers):
     """The torchdata contract: for every k, k batches + resumed rest == one whole epoch."""
@@ -174,7 +175,7 @@ def test_window_resume_with_workers_of_another_start_method(panel, method):
         assert torch.equal(x, expected[0]) and torch.equal(y, expected[1])
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
     panel, tmp_path, num_workers
 ):
@@ -186,7 +187,7 @@ def test_a_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
     _check(ds, following, _batches(sampler, 3))
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [0, pytest.param(2, marks=pytest.mark.slow)])
 def test_a_pass_begun_after_one_broken_off_resumes_as_the_next_epoch(panel, tmp_path, num_workers):
     log = str(tmp_path / "log")
     _, loader = _build(panel, log, num_workers)

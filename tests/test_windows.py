@@ -59,6 +59,7 @@ def _check_window(ds, i, item, x_fields, y_fields, start_time=None):
     assert info.start_time == synthetic.panel_device_times(d, rows[:1])[0]
 
 
+@pytest.mark.other_backends_slow
 def test_every_window_is_exact_and_never_crosses_devices(panel_dir, read_backend):
     ds = TsFileWindowDataset(
         panel_dir,
@@ -297,6 +298,7 @@ def test_distributed_sampler_splits_windows_between_ranks(panel_dir):
     assert len(seen) == len(set(seen)) == len(ds) // 2 * 2
 
 
+@pytest.mark.slow  # starting spawn / forkserver workers takes seconds
 @pytest.mark.parametrize("method", ["spawn", "forkserver"])
 def test_spawned_workers_open_their_own_readers(panel_dir, method):
     ds = TsFileWindowDataset(panel_dir, context_length=12, horizon=3, stride=5)

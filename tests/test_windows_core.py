@@ -84,6 +84,7 @@ def wide_panel(tmp_path_factory):
     return directory
 
 
+@pytest.mark.other_backends_slow
 def test_one_open_file_and_an_index_cache_read_exact_windows(wide_panel, tmp_path, read_backend):
     index = tmp_path / "index"
 
@@ -242,6 +243,7 @@ def one_file_panel(tmp_path_factory):
     )[0]
 
 
+@pytest.mark.other_backends_slow
 @pytest.mark.parametrize("read_backend", ["auto", "pread"])
 def test_a_file_object_gives_the_same_windows_as_the_path(one_file_panel, read_backend):
     options = dict(context_length=10, horizon=3, stride=2, return_timestamps=True, block_rows=64)
@@ -307,6 +309,7 @@ def unaligned_tree(tmp_path_factory):
     return directory, series
 
 
+@pytest.mark.other_backends_slow
 @pytest.mark.parametrize("fill", ["nan", "ffill", "zero"])
 def test_union_windows_equal_the_union_rows_of_their_device(
     unaligned_tree, expected_aligned, fill, read_backend

@@ -47,6 +47,7 @@ class _FailsInNativeRead(TsFileIterableDataset):
         return super().__iter__()
 
 
+@pytest.mark.slow  # waits out a loader timeout
 def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(small_dir):
     ds = _FailsInNativeRead(small_dir, batch_size=2500, block_rows=2500)
     ds.how = "stall"
@@ -60,7 +61,7 @@ def test_a_worker_stuck_in_native_code_is_reported_within_the_loader_timeout(sma
     del loader
 
 
-@pytest.mark.parametrize("how", ["segv", "kill"])
+@pytest.mark.parametrize("how", [pytest.param("segv", marks=pytest.mark.slow), "kill"])
 def test_a_worker_killed_in_native_code_is_reported_with_the_file_and_rows(small_dir, how):
     ds = _FailsInNativeRead(small_dir, batch_size=2500, block_rows=2500)
     ds.how = how
@@ -109,6 +110,7 @@ def _alive(pid: int) -> bool:
         return False
 
 
+@pytest.mark.slow  # a subprocess, then seconds of waiting
 def test_no_worker_outlives_a_killed_parent(small_dir):
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.Popen(
@@ -142,7 +144,7 @@ def _process_figures(pid: int | str = "self") -> dict:
     }
 
 
-@pytest.mark.parametrize("num_workers", [0, 2])
+@pytest.mark.parametrize("num_workers", [pytest.param(0, marks=pytest.mark.slow), 2])
 def test_100_epochs_leak_no_fds_maps_memory_or_threads(small_dir, num_workers):
     ds = TsFileIterableDataset(small_dir, batch_size=2500, read_backend="mmap")
     loader = make_loader(ds, num_workers=num_workers) if num_workers else ds
@@ -173,6 +175,7 @@ list(TsFileIterableDataset(sys.argv[1], batch_size=1000))
 """
 
 
+@pytest.mark.slow  # a fresh interpreter
 def test_a_native_crash_in_the_reading_process_names_the_file_and_rows(small_dir):
     """With faulthandler on (the user's choice: tsfile-torch leaves the main process alone), the
     report names the read in progress."""
@@ -190,6 +193,7 @@ def test_a_native_crash_in_the_reading_process_names_the_file_and_rows(small_dir
     assert "part000.tsfile: reading device t.d0, rows [0, 5000)" in proc.stderr
 
 
+@pytest.mark.slow  # ~30 s of builds
 def test_datasets_created_and_dropped_leak_no_fds_threads_or_children(small_dir):
     def build_and_read():
         ds = TsFileIterableDataset(small_dir, batch_size=2500)  # one validation child each
@@ -222,6 +226,7 @@ def _parent_of(pid: int) -> int | None:
         return None
 
 
+@pytest.mark.slow  # spawned workers
 def test_a_script_without_a_main_guard_is_told_where_spawned_workers_fail(tmp_path, small_dir):
     """Spawned workers import the script: one that iterates its loader at module level kills
     them while they start; the WorkerError says where to put the guard."""

@@ -8,9 +8,16 @@ import numpy as np
 import pytest
 import torch
 
-from tsfile_torch import EpochSampler, TsFileDataset, TsFileIterableDataset, make_loader
+from tsfile_torch import (
+    EpochSampler,
+    TsFileDataset,
+    TsFileIterableDataset,
+    make_loader,
+    synthetic,
+)
 
 
+@pytest.mark.other_backends_slow
 @pytest.mark.parametrize("order", ["sequential", "batches", "shuffle"])
 def test_each_row_arrives_once_across_two_workers(small_dir, small_expected, read_backend, order):
     ds = TsFileIterableDataset(
@@ -91,8 +98,16 @@ class _Probe(TsFileIterableDataset):
             }
 
 
-def test_workers_open_readers_once_and_keep_them_across_epochs(small_dir):
-    ds = _Probe(small_dir, batch_size=500, read_backend="mmap")
+@pytest.fixture
+def unshared_dir(tmp_path):
+    """Files no other test reads: a forked worker inherits the parent's mappings, and a dataset
+    an earlier test dropped can keep its files mapped there until the garbage collector runs."""
+    synthetic.write_table_files(tmp_path, synthetic.DatasetSpec(3, 2, 3, 5000))
+    return tmp_path
+
+
+def test_workers_open_readers_once_and_keep_them_across_epochs(unshared_dir):
+    ds = _Probe(unshared_dir, batch_size=500, read_backend="mmap")
     loader = make_loader(ds, num_workers=2)
     seen = {}
     for epoch in range(3):
@@ -117,6 +132,7 @@ def test_in_process_reader_is_kept_across_epochs(small_dir):
     assert ds.reader is reader and reader.open_count == opens == 3
 
 
+@pytest.mark.slow  # spawned workers
 def test_spawn_start_method_works(small_dir, small_expected, rows_of):
     ds = TsFileIterableDataset(small_dir, batch_size=1000, read_backend="mmap")
     next(iter(ds))  # the parent has open readers: they must not travel

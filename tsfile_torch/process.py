@@ -43,6 +43,7 @@ import ctypes
 import faulthandler
 import os
 import signal
+import sys
 import threading
 import weakref
 
@@ -107,6 +108,16 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SCOPES = 0
 _PREVIOUS_SIGCHLD = None  # the DataLoader's handler, which _sigchld wraps
 _ORIGINAL_SIGCHLD = None  # the handler before the first open scope
+_ORIGINAL_TORCH_FLAG = None  # torch's _SIGCHLD_handler_set then (None: torch has none)
+
+
+def _torch_signal_handling():
+    """Return torch's DataLoader signal module (torch 2.1 to 2.13), None before torch loads it.
+
+    Looked up, never imported: a loader has imported torch.utils.data before a scope opens, and
+    a scope closed at interpreter exit must not import anything.
+    """
+    return sys.modules.get("torch.utils.data._utils.signal_handling")
 
 
 class _AllSlots:
@@ -137,11 +148,14 @@ class LoaderScope:
     by signal" from there, anywhere in the main thread, so while scopes are open that handler is
     wrapped to raise a WorkerError naming the read instead (:meth:`watch`). When the last scope
     closes, the recorded handler is put back and torch is told to install its own again next
-    time (its module flag ``_SIGCHLD_handler_set``, torch 2.1 to 2.13).
+    time exactly when it would have without this scope: its module flag
+    ``_SIGCHLD_handler_set`` (torch 2.1 to 2.13) is put back to what it was at the first open.
+    Resetting it to False instead would make the next plain DataLoader chain a new handler onto
+    the one it had already installed.
     """
 
     def __init__(self, slots: ReadSlots | None, has_workers: bool = True):
-        global _SCOPES, _PREVIOUS_SIGCHLD, _ORIGINAL_SIGCHLD
+        global _SCOPES, _PREVIOUS_SIGCHLD, _ORIGINAL_SIGCHLD, _ORIGINAL_TORCH_FLAG
         self.slots = slots
         in_main = threading.current_thread() is threading.main_thread()
         self.open = has_workers and _on["worker_reports"] and in_main
@@ -149,6 +163,8 @@ class LoaderScope:
             return
         if _SCOPES == 0:
             _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)
+            torch_signals = _torch_signal_handling()
+            _ORIGINAL_TORCH_FLAG = getattr(torch_signals, "_SIGCHLD_handler_set", None)
         _SCOPES += 1
         _LIVE.add(self)
 
@@ -157,9 +173,7 @@ class LoaderScope:
         global _PREVIOUS_SIGCHLD
         if not (self.open and has_workers):
             return
-        from torch.utils.data._utils import signal_handling
-
-        install = getattr(signal_handling, "_set_SIGCHLD_handler", None)  # torch 2.1 to 2.13
+        install = getattr(_torch_signal_handling(), "_set_SIGCHLD_handler", None)
         if install is not None:
             install()  # persistent workers of a later pass: again
         current = signal.getsignal(signal.SIGCHLD)
@@ -179,10 +193,10 @@ class LoaderScope:
             remove_stale_reports()
             if signal.getsignal(signal.SIGCHLD) is not _ORIGINAL_SIGCHLD:
                 signal.signal(signal.SIGCHLD, _ORIGINAL_SIGCHLD)
-                from torch.utils.data._utils import signal_handling
-
-                if getattr(signal_handling, "_SIGCHLD_handler_set", None) is True:
-                    signal_handling._SIGCHLD_handler_set = False  # reinstalled by the next loader
+            torch_signals = _torch_signal_handling()
+            if _ORIGINAL_TORCH_FLAG is not None and torch_signals is not None:
+                # as it was: the next DataLoader installs torch's handler only if none was then
+                torch_signals._SIGCHLD_handler_set = _ORIGINAL_TORCH_FLAG
             _PREVIOUS_SIGCHLD = None
 
     __del__ = close
