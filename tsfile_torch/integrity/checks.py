@@ -47,7 +47,7 @@ from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CELL_ROWS", "CellSums", "EpochSums", "StatisticsCheck"]
+__all__ = ["CELL_ROWS", "CellSums", "EpochSums", "StatisticsCheck", "check_group_sums"]
 
 
 #: Rows per cell of :class:`CellSums` (the timeline index's stride).
@@ -124,18 +124,7 @@ class StatisticsCheck:
         self.verified_sums: set[int] = set()
 
     def _fail(self, group: ReadGroup, shard_pos: int | None, start: int, stop: int, what: str):
-        info = self.catalog.files[group.file_index]
-        device = ".".join(map(str, group.device))
-        series = (
-            f"series {device}.{group.shards[shard_pos].measurement}"
-            if shard_pos is not None
-            else f"device {device}"
-        )
-        raise TsFileFormatError(
-            f"{info.name}: {series}, rows [{start}, {stop}): {what}; the decoded data disagree "
-            f"with the file's own statistics: the file is damaged (or changed while in use); "
-            f"{SKIP_HINT}"
-        )
+        raise _disagreement(self.catalog, group, shard_pos, start, stop, what)
 
     def block(self, group_index: int, start: int, times: np.ndarray, values: np.ndarray) -> None:
         """Check group-local rows ``[start, start + len(times))`` just decoded.
@@ -262,23 +251,55 @@ class StatisticsCheck:
                     checked[gi] = 1
 
     def _check_group(self, gi: int, group: ReadGroup, cell_sums: np.ndarray) -> None:
-        total = cell_sums.sum(axis=0)
-        # tolerance: rounding to the output dtype, plus tsfile's and our float64 summation in
-        # different orders (~sqrt(n) roundings, 4x margin): damage smaller than this is missed
-        eps = float(np.finfo(self.dtype).eps) if self.dtype.kind == "f" else 0.0
-        for k, shard in enumerate(group.shards):
-            if shard.sum is None or shard.min is None or shard.max is None:
-                continue
-            bound = max(abs(shard.min), abs(shard.max)) * group.num_rows
-            if abs(total[k] - shard.sum) > _sum_tolerance(bound, group.num_rows, eps):
-                self._fail(
-                    group,
-                    k,
-                    0,
-                    group.num_rows,
-                    f"sum of all values {float(total[k])!r}, metadata says {shard.sum!r}",
-                )
+        check_group_sums(self.catalog, gi, cell_sums.sum(axis=0), self.dtype)
         self.verified_sums.add(gi)
+
+
+def check_group_sums(catalog: Catalog, group_index: int, totals: np.ndarray, dtype) -> None:
+    """Check the column sums ``totals`` of every row of a read group against its metadata.
+
+    However the rows were summed: by the cells of one process (:class:`StatisticsCheck`), or
+    by the Ray read tasks that each read a part of the group (:mod:`tsfile_torch.ray`).
+    ``dtype``: the dtype the values were decoded in (its rounding is allowed for).
+
+    Raises:
+        TsFileFormatError: a series' sum disagrees, naming the file, the series and the rows.
+    """
+    group = catalog.groups[group_index]
+    dtype = np.dtype(dtype)
+    # tolerance: rounding to the output dtype, plus tsfile's and our float64 summation in
+    # different orders (~sqrt(n) roundings, 4x margin): damage smaller than this is missed
+    eps = float(np.finfo(dtype).eps) if dtype.kind == "f" else 0.0
+    for k, shard in enumerate(group.shards):
+        if shard.sum is None or shard.min is None or shard.max is None:
+            continue
+        bound = max(abs(shard.min), abs(shard.max)) * group.num_rows
+        if abs(totals[k] - shard.sum) > _sum_tolerance(bound, group.num_rows, eps):
+            raise _disagreement(
+                catalog,
+                group,
+                k,
+                0,
+                group.num_rows,
+                f"sum of all values {float(totals[k])!r}, metadata says {shard.sum!r}",
+            )
+
+
+def _disagreement(
+    catalog: Catalog, group: ReadGroup, shard_pos: int | None, start: int, stop: int, what: str
+) -> TsFileFormatError:
+    info = catalog.files[group.file_index]
+    device = ".".join(map(str, group.device))
+    series = (
+        f"series {device}.{group.shards[shard_pos].measurement}"
+        if shard_pos is not None
+        else f"device {device}"
+    )
+    return TsFileFormatError(
+        f"{info.name}: {series}, rows [{start}, {stop}): {what}; the decoded data disagree "
+        f"with the file's own statistics: the file is damaged (or changed while in use); "
+        f"{SKIP_HINT}"
+    )
 
 
 def _sum_tolerance(total_abs: float, num_rows: int, eps: float) -> float:
