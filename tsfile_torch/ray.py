@@ -1,0 +1,561 @@
+"""Ray Data over TsFiles: datasources whose read tasks call the reading core (``pip install
+"tsfile-torch[ray]"``).
+
+:func:`read_tsfile` gives a ``ray.data.Dataset`` of the rows a
+:class:`~tsfile_torch.TsFileIterableDataset` gives (one float column per selected series,
+named as its ``columns``, plus an int64 ``time`` column with ``return_timestamps=True``);
+:func:`read_tsfile_windows` one of the windows a :class:`~tsfile_torch.TsFileWindowDataset`
+gives (tensor columns ``x``, ``y``, ``x_times``, ``y_times``, or the Hugging Face names with
+``return_dict=True``). Both are built on Ray Data's public datasource API (``Datasource``,
+``ReadTask``, ``BlockMetadata``, ``ray.data.read_datasource``).
+
+Note: a Ray read task is a view. The driver builds the view's reading core (sources expanded,
+screened and validated, catalog from metadata: no value read, except where the view itself
+needs values to number its items: ``align=``, ``max_missing=``, ``normalize="standard"``) and
+plans the tasks from the catalog alone. Each task holds a pickled copy of the core (no native
+handles), opens its readers in its own Ray worker process and asks the core for its rows, with
+every guarantee of the datasets: change checks, statistics checks, errors naming the file. A
+task reports its row count, size and files from metadata. The core is closed when the task ends.
+
+Note: task planning. Rows: the cuts are the rows where a file shard of some column begins or
+ends (a series continued across files: day1.tsfile, day2.tsfile), so a task reads rows of whole
+shards or a part of one shard: one time-range query per file and device. Windows: the cuts
+are the window blocks (windows whose first row lies in one ``block_rows`` run of one device,
+:meth:`~tsfile_torch.data.window_index.WindowIndex.blocks`), so a task reads its rows plus the
+``context_length + horizon - 1`` rows after them, never a window twice or none at a cut. Tasks
+are runs of whole units when fewer tasks are wanted than there are units, else units are cut
+further (evenly, by rows or windows). How many: ``override_num_blocks`` when given, else one
+task per :data:`TASK_BYTES` of output (at most Ray's ``parallelism``, at least one).
+
+Note: sums across read tasks. A reader checks a series' sum against the metadata once one
+process has decoded every row of it in a file (Note: cell sums in
+:mod:`tsfile_torch.integrity.checks`): a task reading a whole file shard does. For a shard cut
+between tasks, each task sends the column sums of its part to one small actor (no CPU) made
+when the tasks are planned; the task that completes a shard gets the verdict and raises the
+error naming the file, after its rows went out (as a DataLoader epoch's sum check does). Rows
+aligned on time (``align=``) are not the series' samples, and windows read tails twice: their
+cut shards get the per-block checks only (timestamps, first / last value, min / max).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import math
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import ray.data
+from ray.data import Datasource, ReadTask
+from ray.data.block import BlockMetadata
+from ray.data.extensions import ArrowTensorArray
+
+from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.integrity.checks import check_group_sums
+from tsfile_torch.options import check_int
+from tsfile_torch.read.core import ReadingCore
+from tsfile_torch.sources.base import FileObject
+
+__all__ = [
+    "TASK_BYTES",
+    "TsFileDatasource",
+    "TsFileWindowDatasource",
+    "read_tsfile",
+    "read_tsfile_windows",
+    "stack_columns",
+]
+
+#: Output bytes per read task when ``override_num_blocks`` is not given.
+TASK_BYTES = 16 << 20
+#: Largest block a task yields at once (a task of more rows yields several).
+BLOCK_BYTES = 32 << 20
+#: Name of the timestamps column (``return_timestamps=True``): series names always hold a dot.
+TIME_COLUMN = "time"
+#: Window-dataset arguments that order or shard items: Ray orders and shards a Dataset itself.
+_ORDER_ARGUMENTS = (
+    "order",
+    "shuffle",
+    "seed",
+    "drop_last",
+    "shuffle_blocks",
+    "num_samples",
+    "device_weights",
+    "rank",
+    "world_size",
+)
+
+
+def read_tsfile(
+    sources,
+    columns: Sequence[str] | str | None = None,
+    *,
+    override_num_blocks: int | None = None,
+    ray_remote_args: dict | None = None,
+    **read_options,
+) -> ray.data.Dataset:
+    """Return a ``ray.data.Dataset`` of the rows a ``TsFileIterableDataset`` gives.
+
+    One column per selected series (float32, or ``dtype``'s; nulls are NaN as in the
+    datasets' batches), named and ordered as the datasets' ``columns``, plus ``time`` (int64)
+    with ``return_timestamps=True``; rows across files in the datasets' order (Ray keeps block
+    order only with ``DataContext.execution_options.preserve_order``).
+
+    Args:
+        sources: paths, directories, globs or fsspec URLs (``s3://...``), or a list of them:
+            what the datasets take, except file objects (they cannot travel to Ray workers).
+        columns: ``None`` for every numeric field, or exact names / glob patterns.
+        override_num_blocks: read tasks to plan (see Note: task planning); ``None``: one per
+            :data:`TASK_BYTES` of output.
+        ray_remote_args: passed to ``ray.data.read_datasource`` (``{"num_cpus": 2}``...).
+        **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``start_time``,
+            ``end_time``, ``read_backend``, ``storage_options``, ``dtype``, ``align``,
+            ``fill``, ``validate``, ``return_timestamps``...). ``decode_threads`` defaults to
+            1: a task holds one Ray CPU.
+
+    Raises:
+        TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: as the datasets,
+        when the dataset is built on the driver; a read task raises them naming the file.
+    """
+    source = TsFileDatasource(sources, columns, override_num_blocks, **read_options)
+    return ray.data.read_datasource(
+        source, override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args
+    )
+
+
+def read_tsfile_windows(
+    sources,
+    context_length: int,
+    horizon: int = 0,
+    stride: int = 1,
+    columns: Sequence[str] | str | None = None,
+    targets: Sequence[str] | str | None = None,
+    devices: Sequence[str] | str | None = None,
+    *,
+    override_num_blocks: int | None = None,
+    ray_remote_args: dict | None = None,
+    **window_options,
+) -> ray.data.Dataset:
+    """Return a ``ray.data.Dataset`` of the windows a ``TsFileWindowDataset`` gives.
+
+    Same windows, same count, same values, in window order: tensor columns ``x``
+    ``(context_length, len(columns))`` and ``y`` ``(horizon, len(targets))`` (no ``y`` with
+    ``horizon=0``), ``x_times`` / ``y_times`` (int64) with ``return_timestamps=True``; with
+    ``return_dict=True`` the dataset's dict keys (``past_values``, ``past_observed_mask``, ...,
+    ``device_id``, ``static_categorical_features``).
+
+    Args:
+        sources, context_length, horizon, stride, columns, targets, devices: as
+            :class:`~tsfile_torch.TsFileWindowDataset`.
+        override_num_blocks, ray_remote_args: as :func:`read_tsfile`.
+        **window_options: the window dataset's other arguments (``return_dict``,
+            ``time_features``, ``min_context``, ``max_missing``, ``normalize``,
+            ``normalize_by``) and read options, except those that order items (``order``,
+            ``shuffle``, ``seed``, ...): ``Dataset.random_shuffle()`` or
+            ``iter_torch_batches(local_shuffle_buffer_size=...)`` order them in Ray.
+
+    Raises:
+        As the window dataset when built on the driver; a read task raises naming the file.
+    """
+    source = TsFileWindowDatasource(
+        sources,
+        context_length,
+        horizon,
+        stride,
+        columns,
+        targets,
+        devices,
+        override_num_blocks=override_num_blocks,
+        **window_options,
+    )
+    return ray.data.read_datasource(
+        source, override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args
+    )
+
+
+def stack_columns(columns: Sequence[str], dtype=None):
+    """Return a ``collate_fn`` for ``iter_torch_batches`` that stacks ``columns`` into one
+    ``(batch, len(columns))`` tensor: the batch a ``TsFileIterableDataset`` yields.
+
+    ``ds.iter_torch_batches(batch_size=8192, collate_fn=stack_columns(source.columns))``.
+    """
+    import torch
+
+    names = list(columns)
+
+    def collate(batch: dict[str, np.ndarray]):
+        tensor = torch.from_numpy(np.stack([batch[c] for c in names], axis=1))
+        return tensor if dtype is None else tensor.to(dtype)
+
+    return collate
+
+
+class TsFileDatasource(Datasource):
+    """The rows of TsFiles as a Ray datasource (see :func:`read_tsfile` and the module notes).
+
+    Exposes what the driver knows: :attr:`columns`, :attr:`catalog`, :attr:`num_rows`,
+    :meth:`stats` (metadata statistics: no value read).
+    """
+
+    def __init__(
+        self,
+        sources,
+        columns: Sequence[str] | str | None = None,
+        override_num_blocks: int | None = None,
+        **read_options,
+    ):
+        _refuse_bfloat16(read_options)
+        if read_options.get("normalize") is not None:
+            raise ValueError(
+                "read_tsfile does not normalize: scale the columns in the training step with "
+                "the datasource's statistics (TsFileDatasource(...).stats(): metadata min / "
+                "max / mean, no pass), or use read_tsfile_windows(..., normalize=...)"
+            )
+        read_options.setdefault("decode_threads", 1)
+        self.num_tasks = check_int("override_num_blocks", override_num_blocks, allow_none=True)
+        self.core = ReadingCore.for_rows(sources, columns, **read_options)
+        _refuse_file_objects(self.core)
+        options = self.core.options
+        self._itemsize = 2 if options.dtype == "float16" else np.dtype(self.core.dtype).itemsize
+        self._with_time = options.return_timestamps
+        self._row_bytes = len(self.columns) * self._itemsize + 8 * self._with_time
+
+    @property
+    def columns(self) -> list[str]:
+        """Column names of the rows, as the datasets name them (``time`` not included)."""
+        return self.core.catalog.column_names
+
+    @property
+    def catalog(self):
+        return self.core.catalog
+
+    @property
+    def num_rows(self) -> int:
+        return self.core.tables[0].num_rows
+
+    def stats(self, exact: bool = False) -> dict[str, dict]:
+        """Statistics per column, as ``TsFileIterableDataset.stats`` gives them."""
+        return self.core.stats({name: [i] for i, name in enumerate(self.columns)}, exact)
+
+    def get_name(self) -> str:
+        return "TsFile"
+
+    def estimate_inmemory_data_size(self) -> int:
+        return self.num_rows * self._row_bytes
+
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of the rows."""
+        value = pa.from_numpy_dtype(np.float16 if self._itemsize == 2 else self.core.dtype)
+        time = [(TIME_COLUMN, pa.int64())] if self._with_time else []
+        return pa.schema(time + [(name, value) for name in self.columns])
+
+    def plan(self, parallelism: int = -1) -> list[tuple[int, int]]:
+        """Return the row ranges ``[start, stop)`` of the read tasks (Note: task planning)."""
+        n, table = self.num_rows, self.core.tables[0]
+        if table.alignment is None:  # positional rows: file shards are row ranges
+            shards = {g.start_row for g in self.catalog.groups}
+            shards |= {g.stop_row for g in self.catalog.groups}
+            units = np.array(sorted({0, n} | {r for r in shards if 0 < r < n}), dtype=np.int64)
+        else:  # aligned rows are numbered by their union / intersection of timestamps
+            units = np.array([0, n], dtype=np.int64)
+        cuts = _cuts(units, self._wanted(n * self._row_bytes, parallelism))
+        return list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+
+    def _wanted(self, nbytes: int, parallelism: int) -> int:
+        if self.num_tasks is not None:
+            return self.num_tasks
+        wanted = max(1, math.ceil(nbytes / TASK_BYTES))
+        return min(wanted, parallelism) if parallelism and parallelism > 0 else wanted
+
+    def get_read_tasks(self, parallelism: int, **kwargs) -> list[ReadTask]:
+        chunk = max(1, min(self.core.block_rows, BLOCK_BYTES // max(self._row_bytes, 1)))
+        schema = self.schema()
+        plan = self.plan(parallelism)
+        covering = self._cut_shards(plan)
+        checker = _SumCheck.remote(self.catalog, self.core.dtype, covering) if covering else None
+        tasks = []
+        for i, (start, stop) in enumerate(plan):
+            sums = (i, checker, [gi for gi, on in covering.items() if i in on])
+            metadata = _metadata(
+                num_rows=stop - start,
+                size_bytes=(stop - start) * self._row_bytes,
+                input_files=self._files(start, stop),
+            )
+            read = functools.partial(_read_rows, self.core, start, stop, chunk, schema, sums)
+            tasks.append(_read_task(read, metadata, schema, kwargs))
+        return tasks
+
+    def _cut_shards(self, plan: list[tuple[int, int]]) -> dict[int, list[int]]:
+        """Return group -> tasks for the file shards with metadata sums that tasks cut.
+
+        None cut for aligned rows (Note: sums across read tasks), and when Ray is not running
+        (tasks called in this process, as a test does): there is no actor to ask.
+        """
+        core = self.core
+        if not core.options.check_statistics or core.tables[0].alignment is not None:
+            return {}
+        if not ray.is_initialized():
+            return {}
+        covering = {}
+        for gi, g in enumerate(self.catalog.groups):
+            tasks = [i for i, (a, b) in enumerate(plan) if a < g.stop_row and b > g.start_row]
+            if len(tasks) > 1 and any(s.sum is not None for s in g.shards):
+                covering[gi] = tasks
+        return covering
+
+    def _files(self, start: int, stop: int) -> list[str]:
+        if self.core.tables[0].alignment is not None:
+            return [f.name for f in self.catalog.files]
+        groups = self.catalog.groups
+        hit = {g.file_index for g in groups if g.start_row < stop and g.stop_row > start}
+        return [self.catalog.files[i].name for i in sorted(hit)]
+
+
+class TsFileWindowDatasource(Datasource):
+    """The windows of TsFiles as a Ray datasource (see :func:`read_tsfile_windows`).
+
+    Holds the :class:`~tsfile_torch.TsFileWindowDataset` it reads through (:attr:`dataset`):
+    a task gathers a contiguous range of its windows (Note: a Ray read task is a view).
+    """
+
+    def __init__(
+        self,
+        sources,
+        context_length: int,
+        horizon: int = 0,
+        stride: int = 1,
+        columns: Sequence[str] | str | None = None,
+        targets: Sequence[str] | str | None = None,
+        devices: Sequence[str] | str | None = None,
+        *,
+        override_num_blocks: int | None = None,
+        **window_options,
+    ):
+        from tsfile_torch.data.windows import TsFileWindowDataset
+
+        ordering = [name for name in _ORDER_ARGUMENTS if name in window_options]
+        if ordering:
+            raise ValueError(
+                f"read_tsfile_windows takes no {', '.join(ordering)}: Ray orders and shards the "
+                f"windows (ds.random_shuffle(), iter_torch_batches(local_shuffle_buffer_size=N), "
+                f"Ray Train's get_dataset_shard); leave them out"
+            )
+        _refuse_bfloat16(window_options)
+        window_options.setdefault("decode_threads", 1)
+        self.num_tasks = check_int("override_num_blocks", override_num_blocks, allow_none=True)
+        self.dataset = TsFileWindowDataset(
+            sources, context_length, horizon, stride, columns, targets, devices, **window_options
+        )
+        _refuse_file_objects(self.dataset.core)
+        self.dataset.close()  # nothing native travels to the tasks
+        self._window_bytes = _window_bytes(self.dataset)
+
+    @property
+    def num_windows(self) -> int:
+        return len(self.dataset)
+
+    def get_name(self) -> str:
+        return "TsFileWindows"
+
+    def estimate_inmemory_data_size(self) -> int:
+        return self.num_windows * self._window_bytes
+
+    def plan(self, parallelism: int = -1) -> list[tuple[int, int]]:
+        """Return the window ranges ``[first, stop)`` of the read tasks (Note: task planning)."""
+        units = self.dataset.index.blocks(self.dataset.block_rows)
+        wanted = self.num_tasks
+        if wanted is None:
+            wanted = max(1, math.ceil(self.num_windows * self._window_bytes / TASK_BYTES))
+            if parallelism and parallelism > 0:
+                wanted = min(wanted, parallelism)
+        cuts = _cuts(units, wanted)
+        return list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+
+    def get_read_tasks(self, parallelism: int, **kwargs) -> list[ReadTask]:
+        chunk = max(1, BLOCK_BYTES // max(self._window_bytes, 1))
+        files = [f.name for f in self.dataset.catalog.files]
+        tasks = []
+        for first, stop in self.plan(parallelism):
+            metadata = _metadata(
+                num_rows=stop - first,
+                size_bytes=(stop - first) * self._window_bytes,
+                input_files=self._files(first, stop) or files,
+            )
+            read = functools.partial(_read_windows, self.dataset, first, stop, chunk)
+            tasks.append(_read_task(read, metadata, None, kwargs))
+        return tasks
+
+    def _files(self, first: int, stop: int) -> list[str]:
+        ds = self.dataset
+        devices = np.unique(ds.index.locate(np.array([first, stop - 1]))[0]).tolist()
+        columns = {c for k in range(devices[0], devices[-1] + 1) for c in ds.tables[k].columns}
+        hit = {s.file_index for c in columns for s in ds.catalog.columns[c].shards}
+        return [ds.catalog.files[i].name for i in sorted(hit)]
+
+
+# -- the read tasks (run in Ray workers) -------------------------------------------------------
+def _read_rows(
+    core: ReadingCore,
+    start: int,
+    stop: int,
+    chunk: int,
+    schema: pa.Schema,
+    sums: tuple[int, _SumCheck | None, list[int]],
+) -> Iterator[pa.Table]:
+    """Yield rows ``[start, stop)`` of the core's table as Arrow tables of ``chunk`` rows.
+
+    ``sums``: (this task's number, the actor checking the sums of cut shards, the cut shards
+    this task reads a part of) (Note: sums across read tasks).
+    """
+    with_time = schema.names[0] == TIME_COLUMN
+    float16 = core.options.dtype == "float16"
+    task, checker, cut = sums
+    totals = {gi: np.zeros(len(core.catalog.groups[gi].columns)) for gi in cut}
+    try:
+        core.start_epoch(0)  # the files are still the ones the driver's catalog describes
+        core.set_range(start, stop)  # decode only this task's rows
+        for lo in range(start, stop, chunk):
+            hi = min(lo + chunk, stop)
+            values, times = core.rows(0, lo, hi)
+            for gi in cut:
+                totals[gi] += _group_sums(core.catalog.groups[gi], lo, values)
+            by_column = np.ascontiguousarray(values.T, np.float16 if float16 else None)
+            arrays = [pa.array(times)] if with_time else []
+            arrays += [pa.array(column) for column in by_column]
+            yield pa.Table.from_arrays(arrays, schema=schema)
+        if cut:
+            failure = ray.get(checker.add.remote(task, totals))
+            if failure is not None:
+                raise TsFileFormatError(failure)
+    finally:
+        core.close()
+
+
+def _group_sums(group, lo: int, values: np.ndarray) -> np.ndarray:
+    """Column sums (float64, nulls skipped) of ``group``'s columns in rows ``lo + [0, n)``."""
+    a, b = max(group.start_row - lo, 0), min(group.stop_row - lo, len(values))
+    if a >= b:
+        return np.zeros(len(group.columns))
+    part = values[a:b, list(group.columns)]
+    totals = part.sum(axis=0, dtype=np.float64)
+    for k in np.flatnonzero(np.isnan(totals)):
+        totals[k] = np.nansum(part[:, k], dtype=np.float64)
+    return totals
+
+
+@ray.remote(num_cpus=0)
+class _SumCheck:
+    """The sums of file shards cut between read tasks (Note: sums across read tasks).
+
+    Args:
+        catalog: the datasource's catalog.
+        dtype: the dtype values were decoded in.
+        covering: group -> the tasks that read a part of it.
+    """
+
+    def __init__(self, catalog, dtype, covering: dict[int, list[int]]):
+        self.catalog, self.dtype = catalog, dtype
+        self.covering = {gi: set(tasks) for gi, tasks in covering.items()}
+        self.parts: dict[int, dict[int, np.ndarray]] = {}
+        self.checked: set[int] = set()
+
+    def add(self, task: int, totals: dict[int, np.ndarray]) -> str | None:
+        """Add one task's sums; return the message of a shard found wrong, else None."""
+        for gi, total in totals.items():
+            if gi not in self.covering or gi in self.checked:
+                continue
+            parts = self.parts.setdefault(gi, {})
+            parts[task] = total  # a task run again (a retry, a later pass) counts once
+            if set(parts) == self.covering[gi]:
+                self.checked.add(gi)
+                try:
+                    check_group_sums(self.catalog, gi, np.sum(list(parts.values()), 0), self.dtype)
+                except TsFileFormatError as err:
+                    return str(err)
+        return None
+
+
+def _read_windows(dataset, first: int, stop: int, chunk: int) -> Iterator[pa.Table]:
+    """Yield windows ``[first, stop)`` of ``dataset`` as Arrow tables of ``chunk`` windows."""
+    try:
+        for lo in range(first, stop, chunk):
+            batch = dataset.gather(np.arange(lo, min(lo + chunk, stop)))
+            names = list(batch.keys) if batch.keys is not None else _tuple_names(dataset)
+            arrays = [_arrow(part.numpy()) for part in batch.parts]
+            yield pa.Table.from_arrays(arrays, names=names)
+    finally:
+        dataset.close()
+
+
+def _tuple_names(dataset) -> list[str]:
+    """Column names of tuple items (the parts of a WindowBatch, in order)."""
+    names = ["x", "y"] if dataset.horizon else ["x"]
+    if dataset.options.return_timestamps:
+        names += ["x_times", "y_times"] if dataset.horizon else ["x_times"]
+    return names
+
+
+def _arrow(array: np.ndarray) -> pa.Array:
+    return pa.array(array) if array.ndim == 1 else ArrowTensorArray.from_numpy(array)
+
+
+# -- planning helpers --------------------------------------------------------------------------
+def _cuts(units: np.ndarray, wanted: int) -> np.ndarray:
+    """Return task boundaries over ``[0, units[-1])`` given unit boundaries ``units``.
+
+    Fewer tasks wanted than units: runs of whole units of about equal size. More: every unit
+    boundary plus even cuts, so that about ``wanted`` tasks come out.
+    """
+    total = int(units[-1])
+    if total == 0:
+        return np.array([0], dtype=np.int64)
+    even = np.unique(np.round(np.linspace(0, total, min(wanted, total) + 1)).astype(np.int64))
+    if wanted < len(units) - 1:
+        return np.unique(units[np.searchsorted(units, even)])
+    return np.union1d(units, even)
+
+
+def _window_bytes(dataset) -> int:
+    """Bytes of one window as a Ray row (values, times, masks, features, ids)."""
+    length, itemsize = dataset.context_length + dataset.horizon, dataset.options.itemsize
+    width = len(dataset.columns) * dataset.context_length + len(dataset.targets) * dataset.horizon
+    nbytes = width * itemsize
+    if dataset.options.return_timestamps or dataset.return_dict:
+        nbytes += 8 * length
+    if dataset.return_dict:
+        nbytes += width * itemsize + 8 * (1 + len(dataset.tag_vocab))
+        nbytes += 4 * length * len(dataset.time_features)
+    return nbytes
+
+
+def _metadata(**fields) -> BlockMetadata:
+    """Return BlockMetadata with the fields this Ray version takes (``schema`` moved to the
+    ReadTask in Ray 2.4x; ``exec_stats`` is None before a task runs)."""
+    accepted = inspect.signature(BlockMetadata).parameters
+    values = {"exec_stats": None, **fields}
+    return BlockMetadata(**{k: v for k, v in values.items() if k in accepted})
+
+
+def _read_task(read, metadata: BlockMetadata, schema, kwargs) -> ReadTask:
+    accepted = inspect.signature(ReadTask).parameters
+    extra = {"schema": schema} if "schema" in accepted else {}
+    if "per_task_row_limit" in accepted and kwargs.get("per_task_row_limit") is not None:
+        extra["per_task_row_limit"] = kwargs["per_task_row_limit"]
+    return ReadTask(read, metadata, **extra)
+
+
+def _refuse_bfloat16(options: dict) -> None:
+    if str(options.get("dtype", "")).replace("torch.", "") == "bfloat16":
+        raise ValueError(
+            "Arrow has no bfloat16 type: read dtype=torch.float32 and convert in "
+            "iter_torch_batches(dtypes=torch.bfloat16)"
+        )
+
+
+def _refuse_file_objects(core: ReadingCore) -> None:
+    found = [info.name for info in core.meta.files if isinstance(info.source, FileObject)]
+    if found:
+        raise TypeError(
+            f"read tasks run in Ray worker processes, and a file object cannot travel there "
+            f"({found[0]}): pass paths, directories, globs or fsspec URLs (object storage)"
+        )
