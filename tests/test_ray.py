@@ -1,0 +1,384 @@
+"""Ray Data over TsFiles (tsfile_torch.ray): the datasets' rows and windows, value for value.
+
+Every test writes real TsFiles and compares what Ray reads with what ``TsFileIterableDataset`` /
+``TsFileWindowDataset`` give on the same sources. Tests on the local cluster (one per session,
+``ray.init(num_cpus=2)``, block order preserved) are slow: Ray's start-up alone is 5-15 s. The
+fast ones run the planned read tasks in this process, with no cluster.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tsfile_torch import (
+    SchemaError,
+    TsFileFormatError,
+    TsFileIterableDataset,
+    TsFileWindowDataset,
+    synthetic,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+# Ray's DataContext warns about its own deprecated fields when it is copied into a job
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+SMALL = synthetic.DatasetSpec(num_files=3, devices_per_file=2, fields_per_device=3, num_rows=5000)
+
+
+@pytest.fixture(scope="session")
+def tray():
+    """The tsfile_torch.ray module (imports Ray: a second or more, so only where used)."""
+    pytest.importorskip("ray.data")
+    import tsfile_torch.ray as tray
+
+    return tray
+
+
+@pytest.fixture(scope="session")
+def cluster(tray):
+    """One local Ray cluster for the session; its workers import this checkout."""
+    import ray
+
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    context = ray.data.DataContext.get_current()
+    context.execution_options.preserve_order = True  # compare rows in order
+    context.enable_progress_bars = False
+    yield ray
+    ray.shutdown()
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old
+
+
+def _columns(ds) -> dict[str, np.ndarray]:
+    """Every column of a Ray dataset as one numpy array, rows in block order."""
+    batches = list(ds.iter_batches(batch_size=None, batch_format="numpy"))
+    assert batches
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+def _rows_of(ds, columns: list[str], with_time: bool = False):
+    """The rows of a Ray dataset as (values (n, columns), times or None), in block order."""
+    found = _columns(ds)
+    values = np.stack([found[c] for c in columns], axis=1)
+    return values, found["time"] if with_time else None
+
+
+def _dataset_rows(sources, **options):
+    """Every row a TsFileIterableDataset gives, in one batch: (values, times)."""
+    ds = TsFileIterableDataset(sources, batch_size=4096, return_timestamps=True, **options)
+    batches = list(ds)
+    values = np.concatenate([v.numpy() for v, _ in batches])
+    return ds.columns, values, np.concatenate([t.numpy() for _, t in batches])
+
+
+def _window_parts(ds: TsFileWindowDataset) -> dict[str, np.ndarray]:
+    """Every window of a window dataset, by the column names read_tsfile_windows gives."""
+    batch = ds.gather(np.arange(len(ds)))
+    if batch.keys is not None:
+        names = list(batch.keys)
+    else:
+        names = ["x", "y"][: 1 + bool(ds.horizon)]
+        if ds.options.return_timestamps:
+            names += ["x_times", "y_times"][: 1 + bool(ds.horizon)]
+    return {name: part.numpy() for name, part in zip(names, batch.parts, strict=True)}
+
+
+def _assert_windows_equal(ray_ds, expected: dict[str, np.ndarray]) -> None:
+    found = _columns(ray_ds)
+    assert list(found) == list(expected)
+    for name, want in expected.items():
+        got = found[name]
+        assert got.shape == want.shape and got.dtype == want.dtype, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
+
+
+# -- without a cluster -------------------------------------------------------------------------
+def test_read_tasks_are_planned_from_metadata_and_read_the_datasets_rows(tray, tmp_path):
+    # one device whose series continue across 3 files of 1,000 / 1,000 / 1,000 rows
+    synthetic.write_panel(tmp_path, num_devices=1, num_fields=2, num_rows=3000, num_files=3)
+    columns, values, times = _dataset_rows(tmp_path)
+    for wanted, cuts in [
+        (1, [0, 3000]),
+        (2, [0, 2000, 3000]),
+        (5, [0, 600, 1000, 1200, 1800, 2000, 2400, 3000]),
+    ]:
+        source = tray.TsFileDatasource(tmp_path, return_timestamps=True, override_num_blocks=wanted)
+        plan = source.plan()
+        assert [a for a, _ in plan] + [plan[-1][1]] == cuts  # file shards: 0, 1000, 2000
+        tasks = source.get_read_tasks(200)
+        meta = [t.metadata for t in tasks]
+        assert [m.num_rows for m in meta] == [b - a for a, b in plan]
+        assert [m.size_bytes for m in meta] == [(b - a) * (2 * 4 + 8) for a, b in plan]
+        last = [str(tmp_path / "panel002.tsfile")]
+        if plan[-1][0] < 2000:  # the last task reads the other files too
+            last = [str(tmp_path / f"panel00{i}.tsfile") for i in range(3)]
+        assert list(meta[-1].input_files) == last
+        tables = [block for task in tasks for block in task()]  # each task run in this process
+        assert tables[0].column_names == ["time", *columns]
+        assert [str(t) for t in tables[0].schema.types] == ["int64", "float", "float"]
+        got = np.concatenate([np.stack([t[c].to_numpy() for c in columns], 1) for t in tables])
+        np.testing.assert_array_equal(got, values)
+        np.testing.assert_array_equal(np.concatenate([t["time"].to_numpy() for t in tables]), times)
+    default = tray.TsFileDatasource(tmp_path)  # 3000 x 2 float32: far below TASK_BYTES
+    assert default.plan(200) == [(0, 3000)] and default.estimate_inmemory_data_size() == 24000
+
+
+def test_what_cannot_reach_ray_workers_or_arrow_is_refused_naming_the_fix(tray, small_dir):
+    with pytest.raises(TypeError, match="file object cannot travel there.*pass paths"):
+        tray.TsFileDatasource(io.BytesIO((small_dir / "part000.tsfile").read_bytes()))
+    with pytest.raises(ValueError, match=r"no order, seed: Ray orders and shards"):
+        tray.TsFileWindowDatasource(small_dir, 10, order="shuffle", seed=1)
+    with pytest.raises(ValueError, match=r"no bfloat16.*iter_torch_batches\(dtypes="):
+        tray.TsFileDatasource(small_dir, dtype="bfloat16")
+    with pytest.raises(ValueError, match=r"does not normalize.*stats\(\)"):
+        tray.TsFileDatasource(small_dir, normalize="minmax")
+    with pytest.raises(ValueError, match="override_num_blocks should be an integer >= 1"):
+        tray.TsFileDatasource(small_dir, override_num_blocks=0)
+    with pytest.raises(SchemaError, match="'nope' matches no series"):
+        tray.TsFileDatasource(small_dir, columns=["nope"])
+
+
+# -- on the local cluster ----------------------------------------------------------------------
+@pytest.mark.slow
+def test_table_model_rows_are_the_datasets_rows(
+    cluster, tray, small_dir, small_expected, read_backend
+):
+    columns, values, times = _dataset_rows(small_dir)
+    ds = tray.read_tsfile(
+        small_dir, return_timestamps=True, override_num_blocks=4, read_backend=read_backend
+    )
+    assert ds.columns() == ["time", *columns]
+    assert ds.count() == SMALL.num_rows  # from the tasks' metadata
+    got, got_times = _rows_of(ds, columns, with_time=True)
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, values)
+    np.testing.assert_array_equal(got, small_expected.astype(np.float32))
+    np.testing.assert_array_equal(got_times, times)
+    picked = tray.read_tsfile(small_dir, columns=["t.d1.*"], dtype="float64")
+    assert picked.columns() == ["t.d1.s0", "t.d1.s1", "t.d1.s2"]
+    got, _ = _rows_of(picked, picked.columns())
+    np.testing.assert_array_equal(got, small_expected[:, 3:6])
+
+
+@pytest.mark.slow
+def test_tree_model_rows_are_the_datasets_rows_numeric_series_only(cluster, tray, tmp_path):
+    path = tmp_path / "tree.tsfile"
+    synthetic.write_tree_file(path, devices=2, num_rows=3000)
+    columns, values, times = _dataset_rows(path)
+    assert columns == ["root.sg.d0.m0", "root.sg.d0.m1", "root.sg.d0.m2"] + [
+        "root.sg.d1.m0",
+        "root.sg.d1.m1",
+        "root.sg.d1.m2",
+    ]  # the TEXT series left out, as the datasets do
+    ds = tray.read_tsfile(path, override_num_blocks=3)
+    assert ds.columns() == columns
+    got, _ = _rows_of(ds, columns)
+    np.testing.assert_array_equal(got, values)
+    np.testing.assert_array_equal(got[:, 1], np.arange(3000))  # m1 is the row number
+
+
+def _panel_with_nulls(directory: Path) -> list[str]:
+    """Two files of meters m0 / m1 on their own clocks, with nulls; m1 continues in file 2."""
+    rows = np.arange(400)
+    paths = []
+    for f in range(2):
+        devices = {}
+        for d in range(2):
+            part = rows[f * 200 : (f + 1) * 200]
+            values = np.stack([synthetic.value_of(d, j, part) for j in range(2)], axis=1)
+            values[part % 7 == d, d] = np.nan  # nulls, in another field per device
+            devices[f"m{d}"] = (synthetic.panel_device_times(d + 1, part), values)
+        paths.append(
+            synthetic.write_table_devices(directory / f"p{f}.tsfile", "p", ["a", "b"], devices)
+        )
+    return paths
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*null")
+@pytest.mark.parametrize("align", ["union", "intersect"])
+def test_a_panel_on_own_timestamps_with_nulls_is_aligned_as_the_datasets_align_it(
+    cluster, tray, tmp_path, align
+):
+    _panel_with_nulls(tmp_path)
+    columns, values, times = _dataset_rows(tmp_path, align=align, fill="nan")
+    assert np.isnan(values).any()
+    ds = tray.read_tsfile(tmp_path, align=align, return_timestamps=True, override_num_blocks=3)
+    assert ds.columns() == ["time", *columns]
+    got, got_times = _rows_of(ds, columns, with_time=True)
+    np.testing.assert_array_equal(got, values)  # NaN where the datasets have NaN
+    np.testing.assert_array_equal(got_times, times)
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:.*null")
+def test_panel_windows_with_nulls_are_the_window_datasets_windows(cluster, tray, tmp_path):
+    _panel_with_nulls(tmp_path)
+    for options in [{}, {"return_dict": True, "time_features": ["hour_of_day"]}]:
+        expected = _window_parts(TsFileWindowDataset(tmp_path, 20, 5, 3, **options))
+        ds = tray.read_tsfile_windows(tmp_path, 20, 5, 3, block_rows=64, **options)
+        _assert_windows_equal(ds, expected)
+    missing = expected["past_observed_mask"] == 0  # the nulls, masked as the dataset masks them
+    assert missing.any() and np.array_equal(missing, np.isnan(expected["past_values"]))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("blocks", [2, 7])
+def test_a_series_across_files_and_time_ranges_read_as_the_datasets_read_them(
+    cluster, tray, tmp_path, blocks
+):
+    synthetic.write_panel(tmp_path, num_devices=1, num_fields=3, num_rows=30000, num_files=3)
+    for bounds in [{}, {"start_time": 4000, "end_time": 25000}, {"start_time": 12345}]:
+        columns, values, times = _dataset_rows(tmp_path, **bounds)
+        ds = tray.read_tsfile(
+            tmp_path, return_timestamps=True, override_num_blocks=blocks, **bounds
+        )
+        assert ds.count() == len(values)
+        got, got_times = _rows_of(ds, columns, with_time=True)
+        np.testing.assert_array_equal(got, values)
+        np.testing.assert_array_equal(got_times, times)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("blocks", [1, 5, 60])
+def test_windows_at_task_boundaries_are_each_read_once(cluster, tray, tmp_path, blocks):
+    # 4 devices of different lengths, each across 2 files; window blocks of 40 rows
+    synthetic.write_panel(
+        tmp_path, num_devices=4, num_fields=3, num_rows=[500, 700, 300, 900], num_files=2
+    )
+    for options in [{"return_timestamps": True}, {"horizon": 0}, {"max_missing": 0.0}]:
+        horizon = options.pop("horizon", 12)
+        args = (tmp_path, 30, horizon, 7)
+        ds = TsFileWindowDataset(*args, columns=["f0", "f1"], targets=["f2"], **options)
+        source = tray.TsFileWindowDatasource(
+            *args,
+            columns=["f0", "f1"],
+            targets=["f2"],
+            block_rows=40,
+            override_num_blocks=blocks,
+            **options,
+        )
+        plan = source.plan()
+        assert plan[0][0] == 0 and plan[-1][1] == len(ds)
+        assert all(a[1] == b[0] for a, b in zip(plan, plan[1:], strict=False))  # no window twice
+        assert len(plan) >= min(blocks, 2)
+        ray_ds = cluster.data.read_datasource(source, override_num_blocks=blocks)
+        assert ray_ds.count() == len(ds)
+        _assert_windows_equal(ray_ds, _window_parts(ds))
+
+
+def _damage(path: Path, series: int, offset: int) -> Path:
+    """Flip one byte ``offset`` bytes into the value chunk of series s<series> of ``path``."""
+    data = bytearray(path.read_bytes())
+    data[data.index(b"\x41\x04s" + str(series).encode()) + offset] ^= 0xFF
+    bad = path.with_name("damaged.tsfile")
+    bad.write_bytes(bytes(data))
+    return bad
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory) -> Path:
+    """1 device x 4 DOUBLE x 30,000 rows (test_damage's shape)."""
+    directory = tmp_path_factory.mktemp("pristine")
+    [path] = synthetic.write_table_files(directory, synthetic.DatasetSpec(1, 1, 4, 30000))
+    return Path(path)
+
+
+@pytest.mark.slow
+def test_a_damaged_file_is_an_error_naming_it_at_build_or_in_the_ray_job(
+    cluster, tray, pristine, tmp_path
+):
+    # metadata damage: the validation child on the driver finds it when the dataset is built
+    data = bytearray(pristine.read_bytes())
+    data[len(data) - 8] ^= 0xFF
+    (tmp_path / "built.tsfile").write_bytes(bytes(data))
+    with pytest.raises(TsFileFormatError, match=r"built\.tsfile: .*crashed"):
+        tray.read_tsfile(tmp_path / "built.tsfile")
+    # a damaged data page, not validated: a read task raises the datasets' error, naming it
+    copy = tmp_path / "pristine.tsfile"
+    copy.write_bytes(pristine.read_bytes())
+    bad = _damage(copy, 1, 10000)
+    ds = tray.read_tsfile(bad, validate=False, override_num_blocks=2)
+    with pytest.raises(TsFileFormatError, match=r"damaged\.tsfile: reading device t\.d0"):
+        ds.materialize()
+    windows = tray.read_tsfile_windows(bad, 50, 10, validate=False)
+    with pytest.raises(TsFileFormatError, match=r"damaged\.tsfile: reading device t\.d0"):
+        windows.materialize()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_a_wrong_sum_is_found_whether_one_task_or_several_read_the_shard(
+    cluster, tray, pristine, tmp_path, blocks
+):
+    # low mantissa bits of s1 flipped: every value in [min, max], only the sum sees it
+    copy = tmp_path / "pristine.tsfile"
+    copy.write_bytes(pristine.read_bytes())
+    bad = _damage(copy, 1, 500)
+    ds = tray.read_tsfile(bad, dtype="float64", override_num_blocks=blocks)
+    with pytest.raises(
+        TsFileFormatError,
+        match=r"damaged\.tsfile: series t\.d0\.s1, rows "
+        r"\[0, 30000\): sum of all values .* metadata says",
+    ):
+        ds.materialize()
+    intact = tray.read_tsfile(copy, dtype="float64", override_num_blocks=blocks)
+    assert intact.materialize().count() == 30000  # no false alarm over the same cuts
+
+
+@pytest.mark.slow
+def test_s3_sources_read_as_local_ones(
+    cluster, tray, s3_server, small_dir, small_expected, tmp_path
+):
+    s3_server.upload("ray-bucket", small_dir, prefix="data/")
+    ds = tray.read_tsfile(
+        "s3://ray-bucket/data/",
+        storage_options=s3_server.storage_options,
+        cache_dir=tmp_path / "cache",
+        override_num_blocks=3,
+    )
+    columns = [c for c in ds.columns() if c != "time"]
+    got, _ = _rows_of(ds, columns)
+    np.testing.assert_array_equal(got, small_expected.astype(np.float32))
+    assert sorted(p.name for p in (tmp_path / "cache").glob("*.tsfile")) != []  # tasks fetched
+
+
+@pytest.mark.slow
+def test_the_ray_train_example_runs_and_learns(tmp_path):
+    pytest.importorskip("ray.train")
+    spec = synthetic.DatasetSpec(
+        num_files=2, devices_per_file=1, fields_per_device=4, num_rows=20000
+    )
+    synthetic.write_table_files(tmp_path / "data", spec)
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p),
+    }
+    command = [
+        sys.executable,
+        str(ROOT / "examples" / "ray_train.py"),
+        "--data",
+        str(tmp_path / "data"),
+        "--epochs",
+        "3",
+        "--batch-size",
+        "1000",
+        "--storage",
+        str(tmp_path / "runs"),
+    ]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "20000 rows x 8 columns" in proc.stdout
+    losses = [float(x) for x in proc.stdout.split("losses [")[1].split("]")[0].split(",")]
+    assert len(losses) == 3 and losses[2] < 0.8 * losses[0]
+    assert list((tmp_path / "runs").rglob("model.pt"))
