@@ -129,6 +129,12 @@ def test_read_tasks_are_planned_from_metadata_and_read_the_datasets_rows(tray, t
         got = np.concatenate([np.stack([t[c].to_numpy() for c in columns], 1) for t in tables])
         np.testing.assert_array_equal(got, values)
         np.testing.assert_array_equal(np.concatenate([t["time"].to_numpy() for t in tables]), times)
+    batch = {c: tables[0][c].to_numpy() for c in columns}  # what iter_torch_batches collates
+    np.testing.assert_array_equal(tray.stack_columns(columns)(batch).numpy(), values[:600])
+    half = tray.TsFileDatasource(tmp_path, dtype="float16")
+    [table] = [block for task in half.get_read_tasks(200) for block in task()]
+    assert str(half.schema().field(columns[0]).type) == "halffloat" == str(table[columns[0]].type)
+    np.testing.assert_array_equal(table[columns[1]].to_numpy(), values[:, 1].astype(np.float16))
     default = tray.TsFileDatasource(tmp_path)  # 3000 x 2 float32: far below TASK_BYTES
     assert default.plan(200) == [(0, 3000)] and default.estimate_inmemory_data_size() == 24000
 

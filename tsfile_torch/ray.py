@@ -31,8 +31,9 @@ Note: sums across read tasks. A reader checks a series' sum against the metadata
 process has decoded every row of it in a file (Note: cell sums in
 :mod:`tsfile_torch.integrity.checks`): a task reading a whole file shard does. For a shard cut
 between tasks, each task sends the column sums of its part to one small actor (no CPU) made
-when the tasks are planned; the task that completes a shard gets the verdict and raises the
-error naming the file, after its rows went out (as a DataLoader epoch's sum check does). Rows
+when the tasks are first planned; the task that completes a shard gets the verdict and raises
+the error naming the file, after its rows went out (as a DataLoader epoch's sum check does).
+Each shard is checked once, on the first pass that read all of it (as a process's cells are). Rows
 aligned on time (``align=``) are not the series' samples, and windows read tails twice: their
 cut shards get the per-block checks only (timestamps, first / last value, min / max).
 """
@@ -59,6 +60,7 @@ from tsfile_torch.sources.base import FileObject
 
 __all__ = [
     "TASK_BYTES",
+    "StackColumns",
     "TsFileDatasource",
     "TsFileWindowDatasource",
     "read_tsfile",
@@ -173,21 +175,34 @@ def read_tsfile_windows(
     )
 
 
-def stack_columns(columns: Sequence[str], dtype=None):
+def stack_columns(columns: Sequence[str], dtype=None) -> StackColumns:
     """Return a ``collate_fn`` for ``iter_torch_batches`` that stacks ``columns`` into one
     ``(batch, len(columns))`` tensor: the batch a ``TsFileIterableDataset`` yields.
 
     ``ds.iter_torch_batches(batch_size=8192, collate_fn=stack_columns(source.columns))``.
     """
-    import torch
+    return StackColumns(columns, dtype)
 
-    names = list(columns)
 
-    def collate(batch: dict[str, np.ndarray]):
-        tensor = torch.from_numpy(np.stack([batch[c] for c in names], axis=1))
-        return tensor if dtype is None else tensor.to(dtype)
+try:  # Ray 2.47 and later take a collate class; a plain function before
+    from ray.data.collate_fn import NumpyBatchCollateFn as _CollateBase
+except ImportError:  # pragma: no cover - older Ray
+    _CollateBase = object
 
-    return collate
+
+class StackColumns(_CollateBase):
+    """``collate_fn``: the named columns of a numpy batch as one ``(rows, columns)`` tensor
+    (``dtype``: a torch dtype to convert to; None keeps the columns' dtype)."""
+
+    def __init__(self, columns: Sequence[str], dtype=None):
+        self.columns = list(columns)
+        self.dtype = dtype
+
+    def __call__(self, batch: dict[str, np.ndarray]):
+        import torch
+
+        tensor = torch.from_numpy(np.stack([batch[c] for c in self.columns], axis=1))
+        return tensor if self.dtype is None else tensor.to(self.dtype)
 
 
 class TsFileDatasource(Datasource):
@@ -272,7 +287,7 @@ class TsFileDatasource(Datasource):
         schema = self.schema()
         plan = self.plan(parallelism)
         covering = self._cut_shards(plan)
-        checker = _SumCheck.remote(self.catalog, self.core.dtype, covering) if covering else None
+        checker = self._checker(covering)
         tasks = []
         for i, (start, stop) in enumerate(plan):
             sums = (i, checker, [gi for gi, on in covering.items() if i in on])
@@ -284,6 +299,18 @@ class TsFileDatasource(Datasource):
             read = functools.partial(_read_rows, self.core, start, stop, chunk, schema, sums)
             tasks.append(_read_task(read, metadata, schema, kwargs))
         return tasks
+
+    def _checker(self, covering: dict[int, list[int]]) -> _SumCheck | None:
+        """Return the actor checking the sums of the cut shards ``covering``, made once per
+        plan (Ray asks for the read tasks again at every execution: every epoch)."""
+        if not covering:
+            return None
+        key = tuple((gi, tuple(tasks)) for gi, tasks in sorted(covering.items()))
+        made = self.__dict__.get("_sum_check")
+        if made is None or made[0] != key:
+            made = (key, _SumCheck.remote(self.catalog, self.core.dtype, covering))
+            self._sum_check = made
+        return made[1]
 
     def _cut_shards(self, plan: list[tuple[int, int]]) -> dict[int, list[int]]:
         """Return group -> tasks for the file shards with metadata sums that tasks cut.
@@ -410,18 +437,22 @@ def _read_rows(
     with_time = schema.names[0] == TIME_COLUMN
     float16 = core.options.dtype == "float16"
     task, checker, cut = sums
+    width = len(core.tables[0].columns)
     totals = {gi: np.zeros(len(core.catalog.groups[gi].columns)) for gi in cut}
     try:
         core.start_epoch(0)  # the files are still the ones the driver's catalog describes
         core.set_range(start, stop)  # decode only this task's rows
         for lo in range(start, stop, chunk):
             hi = min(lo + chunk, stop)
-            values, times = core.rows(0, lo, hi)
+            # column-major, as tsfile decodes: each Arrow column wraps its values, no transpose
+            out = np.empty((hi - lo, width), dtype=core.dtype, order="F")
+            values, times = core.rows(0, lo, hi, out=(out, None))
             for gi in cut:
                 totals[gi] += _group_sums(core.catalog.groups[gi], lo, values)
-            by_column = np.ascontiguousarray(values.T, np.float16 if float16 else None)
+            if float16:
+                values = values.astype(np.float16, order="F")
             arrays = [pa.array(times)] if with_time else []
-            arrays += [pa.array(column) for column in by_column]
+            arrays += [pa.array(values[:, j]) for j in range(width)]
             yield pa.Table.from_arrays(arrays, schema=schema)
         if cut:
             failure = ray.get(checker.add.remote(task, totals))
