@@ -42,12 +42,14 @@ def tray():
 
 @pytest.fixture(scope="session")
 def cluster(tray):
-    """One local Ray cluster for the session; its workers import this checkout."""
+    """One local Ray cluster for the session; its workers import this checkout. (A docs block
+    run earlier in the session may have started it: docs/ray.md's, which leaves it running.)"""
     import ray
 
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     context = ray.data.DataContext.get_current()
     context.execution_options.preserve_order = True  # compare rows in order
     context.enable_progress_bars = False

@@ -30,9 +30,10 @@ task per :data:`TASK_BYTES` of output (at most Ray's ``parallelism``, at least o
 Note: sums across read tasks. A reader checks a series' sum against the metadata once one
 process has decoded every row of it in a file (Note: cell sums in
 :mod:`tsfile_torch.integrity.checks`): a task reading a whole file shard does. For a shard cut
-between tasks, each task sends the column sums of its part to one small actor (no CPU) made
-when the tasks are first planned; the task that completes a shard gets the verdict and raises
-the error naming the file, after its rows went out (as a DataLoader epoch's sum check does).
+between tasks, each task sends the column sums of its part to one small actor (no CPU, one per
+Ray job, named ``tsfile_torch.ray.sum_check``) that the plan was registered with; the task that
+completes a shard gets the verdict and raises the error naming the file, after its rows went
+out (as a DataLoader epoch's sum check does).
 Each shard is checked once, on the first pass that read all of it (as a process's cells are). Rows
 aligned on time (``align=``) are not the series' samples, and windows read tails twice: their
 cut shards get the per-block checks only (timestamps, first / last value, min / max).
@@ -42,7 +43,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
+import uuid
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -67,6 +70,8 @@ __all__ = [
     "read_tsfile_windows",
     "stack_columns",
 ]
+
+logger = logging.getLogger(__name__)
 
 #: Output bytes per read task when ``override_num_blocks`` is not given.
 TASK_BYTES = 16 << 20
@@ -300,16 +305,19 @@ class TsFileDatasource(Datasource):
             tasks.append(_read_task(read, metadata, schema, kwargs))
         return tasks
 
-    def _checker(self, covering: dict[int, list[int]]) -> _SumCheck | None:
-        """Return the actor checking the sums of the cut shards ``covering``, made once per
-        plan (Ray asks for the read tasks again at every execution: every epoch)."""
+    def _checker(self, covering: dict[int, list[int]]) -> tuple | None:
+        """Return (the job's sum-check actor, this plan's key) for the cut shards ``covering``,
+        registered once per plan (Ray asks for the read tasks again at every execution)."""
         if not covering:
             return None
         key = tuple((gi, tuple(tasks)) for gi, tasks in sorted(covering.items()))
         made = self.__dict__.get("_sum_check")
         if made is None or made[0] != key:
-            made = (key, _SumCheck.remote(self.catalog, self.core.dtype, covering))
-            self._sum_check = made
+            actor = _sum_check_actor()
+            plan = uuid.uuid4().hex
+            # before any task can report: registered when this call returns
+            ray.get(actor.register.remote(plan, self.catalog, self.core.dtype, covering))
+            made = self._sum_check = (key, (actor, plan))
         return made[1]
 
     def _cut_shards(self, plan: list[tuple[int, int]]) -> dict[int, list[int]]:
@@ -427,11 +435,11 @@ def _read_rows(
     stop: int,
     chunk: int,
     schema: pa.Schema,
-    sums: tuple[int, _SumCheck | None, list[int]],
+    sums: tuple[int, tuple | None, list[int]],
 ) -> Iterator[pa.Table]:
     """Yield rows ``[start, stop)`` of the core's table as Arrow tables of ``chunk`` rows.
 
-    ``sums``: (this task's number, the actor checking the sums of cut shards, the cut shards
+    ``sums``: (this task's number, (the sum-check actor, the plan's key) or None, the cut shards
     this task reads a part of) (Note: sums across read tasks).
     """
     with_time = schema.names[0] == TIME_COLUMN
@@ -455,7 +463,12 @@ def _read_rows(
             arrays += [pa.array(values[:, j]) for j in range(width)]
             yield pa.Table.from_arrays(arrays, schema=schema)
         if cut:
-            failure = ray.get(checker.add.remote(task, totals))
+            actor, plan = checker
+            try:
+                failure = ray.get(actor.add.remote(plan, task, totals))
+            except ray.exceptions.RayActorError as err:  # its owner process ended
+                logger.warning("shard sums not checked across read tasks: %s", err)
+                failure = None
             if failure is not None:
                 raise TsFileFormatError(failure)
     finally:
@@ -474,33 +487,60 @@ def _group_sums(group, lo: int, values: np.ndarray) -> np.ndarray:
     return totals
 
 
+#: Name of the one sum-check actor of a Ray job (Note: sums across read tasks).
+_SUM_CHECK = "tsfile_torch.ray.sum_check"
+#: Plans it remembers (the oldest is forgotten first): a plan is a few numbers per cut shard.
+_SUM_CHECK_PLANS = 256
+#: Ray job id -> the sum-check actor this process made or found: a named actor lives while its
+#: creator holds a handle, so the process that plans (the driver, Ray Train's split
+#: coordinator) keeps one for as long as it runs.
+_SUM_CHECKS: dict[str, object] = {}
+
+
+def _sum_check_actor():
+    """Return this Ray job's sum-check actor, made on first use."""
+    job = ray.get_runtime_context().get_job_id()
+    if job not in _SUM_CHECKS:
+        _SUM_CHECKS[job] = _SumCheck.options(name=_SUM_CHECK, get_if_exists=True).remote()
+    return _SUM_CHECKS[job]
+
+
 @ray.remote(num_cpus=0)
 class _SumCheck:
-    """The sums of file shards cut between read tasks (Note: sums across read tasks).
+    """The sums of file shards cut between read tasks, for every plan of a Ray job (Note: sums
+    across read tasks): one actor per job, not one process per dataset."""
 
-    Args:
-        catalog: the datasource's catalog.
-        dtype: the dtype values were decoded in.
-        covering: group -> the tasks that read a part of it.
-    """
+    def __init__(self):
+        self.plans: dict[str, dict] = {}
 
-    def __init__(self, catalog, dtype, covering: dict[int, list[int]]):
-        self.catalog, self.dtype = catalog, dtype
-        self.covering = {gi: set(tasks) for gi, tasks in covering.items()}
-        self.parts: dict[int, dict[int, np.ndarray]] = {}
-        self.checked: set[int] = set()
+    def register(self, plan: str, catalog, dtype, covering: dict[int, list[int]]) -> None:
+        """Expect, for each cut shard (group), the sums of the tasks that read a part of it."""
+        if len(self.plans) >= _SUM_CHECK_PLANS:
+            self.plans.pop(next(iter(self.plans)))
+        covering = {gi: set(tasks) for gi, tasks in covering.items()}
+        self.plans[plan] = {
+            "catalog": catalog,
+            "dtype": dtype,
+            "covering": covering,
+            "parts": {},
+            "checked": set(),
+        }
 
-    def add(self, task: int, totals: dict[int, np.ndarray]) -> str | None:
+    def add(self, plan: str, task: int, totals: dict[int, np.ndarray]) -> str | None:
         """Add one task's sums; return the message of a shard found wrong, else None."""
+        state = self.plans.get(plan)
+        if state is None:  # forgotten: a plan this old is not checked
+            return None
         for gi, total in totals.items():
-            if gi not in self.covering or gi in self.checked:
+            if gi not in state["covering"] or gi in state["checked"]:
                 continue
-            parts = self.parts.setdefault(gi, {})
+            parts = state["parts"].setdefault(gi, {})
             parts[task] = total  # a task run again (a retry, a later pass) counts once
-            if set(parts) == self.covering[gi]:
-                self.checked.add(gi)
+            if set(parts) == state["covering"][gi]:
+                state["checked"].add(gi)
+                whole = np.sum(list(parts.values()), axis=0)
                 try:
-                    check_group_sums(self.catalog, gi, np.sum(list(parts.values()), 0), self.dtype)
+                    check_group_sums(state["catalog"], gi, whole, state["dtype"])
                 except TsFileFormatError as err:
                     return str(err)
         return None
