@@ -301,7 +301,8 @@ class TsFileDatasource(Datasource):
                 size_bytes=(stop - start) * self._row_bytes,
                 input_files=self._files(start, stop),
             )
-            read = functools.partial(_read_rows, self.core, start, stop, chunk, schema, sums)
+            core = _shared(self, self.core)
+            read = functools.partial(_read_rows, core, start, stop, chunk, schema, sums)
             tasks.append(_read_task(read, metadata, schema, kwargs))
         return tasks
 
@@ -416,7 +417,8 @@ class TsFileWindowDatasource(Datasource):
                 size_bytes=(stop - first) * self._window_bytes,
                 input_files=self._files(first, stop) or files,
             )
-            read = functools.partial(_read_windows, self.dataset, first, stop, chunk)
+            dataset = _shared(self, self.dataset)
+            read = functools.partial(_read_windows, dataset, first, stop, chunk)
             tasks.append(_read_task(read, metadata, None, kwargs))
         return tasks
 
@@ -430,7 +432,7 @@ class TsFileWindowDatasource(Datasource):
 
 # -- the read tasks (run in Ray workers) -------------------------------------------------------
 def _read_rows(
-    core: ReadingCore,
+    core,
     start: int,
     stop: int,
     chunk: int,
@@ -439,9 +441,11 @@ def _read_rows(
 ) -> Iterator[pa.Table]:
     """Yield rows ``[start, stop)`` of the core's table as Arrow tables of ``chunk`` rows.
 
+    ``core``: the datasource's core, or its reference in the object store (:func:`_shared`).
     ``sums``: (this task's number, (the sum-check actor, the plan's key) or None, the cut shards
     this task reads a part of) (Note: sums across read tasks).
     """
+    core = _own_copy(core)
     with_time = schema.names[0] == TIME_COLUMN
     float16 = core.options.dtype == "float16"
     task, checker, cut = sums
@@ -547,7 +551,9 @@ class _SumCheck:
 
 
 def _read_windows(dataset, first: int, stop: int, chunk: int) -> Iterator[pa.Table]:
-    """Yield windows ``[first, stop)`` of ``dataset`` as Arrow tables of ``chunk`` windows."""
+    """Yield windows ``[first, stop)`` of ``dataset`` (or its reference, :func:`_shared`) as
+    Arrow tables of ``chunk`` windows."""
+    dataset = _own_copy(dataset)
     try:
         for lo in range(first, stop, chunk):
             batch = dataset.gather(np.arange(lo, min(lo + chunk, stop)))
@@ -568,6 +574,26 @@ def _tuple_names(dataset) -> list[str]:
 
 def _arrow(array: np.ndarray) -> pa.Array:
     return pa.array(array) if array.ndim == 1 else ArrowTensorArray.from_numpy(array)
+
+
+def _shared(source: Datasource, view):
+    """Return ``view`` (a core or a window dataset) put once into Ray's object store.
+
+    Every task of a plan then carries a reference, not a copy of the catalog (thousands of
+    files, a window index with ``max_missing``): a node fetches the object once. Ray not
+    running (tasks called in this process): ``view`` itself.
+    """
+    if not ray.is_initialized():
+        return view
+    made = source.__dict__.get("_shared_view")
+    if made is None:
+        made = source._shared_view = ray.put(view)
+    return made
+
+
+def _own_copy(view):
+    """Return this task's own copy of a view passed by :func:`_shared` (a task opens readers)."""
+    return ray.get(view) if isinstance(view, ray.ObjectRef) else view
 
 
 # -- planning helpers --------------------------------------------------------------------------
