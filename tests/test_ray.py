@@ -1,9 +1,9 @@
 """Ray Data over TsFiles (tsfile_torch.ray): the datasets' rows and windows, value for value.
 
 Every test writes real TsFiles and compares what Ray reads with what ``TsFileIterableDataset`` /
-``TsFileWindowDataset`` give on the same sources. Tests on the local cluster (one per session,
-``ray.init(num_cpus=2)``, block order preserved) are slow: Ray's start-up alone is 5-15 s. The
-fast ones run the planned read tasks in this process, with no cluster.
+``TsFileWindowDataset`` give on the same sources. Tests on the local cluster (one for the
+module, ``ray.init(num_cpus=2)``, block order preserved) are slow: Ray's start-up alone is
+5-15 s. The fast ones run the planned read tasks in this process, with no cluster.
 """
 
 from __future__ import annotations
@@ -40,20 +40,22 @@ def tray():
     return tray
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def cluster(tray):
-    """One local Ray cluster for the session; its workers import this checkout. (A docs block
-    run earlier in the session may have started it: docs/ray.md's, which leaves it running.)"""
+    """One local Ray cluster for this module, its workers importing this checkout; shut down
+    after it, so no Ray thread outlives the module (Note: no thread outlives a test, in
+    conftest.py: a running thread makes every later dataset build validate in a new process)."""
     import ray
 
     old = os.environ.get("PYTHONPATH")
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old) if p)
-    if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     context = ray.data.DataContext.get_current()
+    saved = context.execution_options.preserve_order, context.enable_progress_bars
     context.execution_options.preserve_order = True  # compare rows in order
     context.enable_progress_bars = False
     yield ray
+    context.execution_options.preserve_order, context.enable_progress_bars = saved
     ray.shutdown()
     if old is None:
         os.environ.pop("PYTHONPATH", None)
