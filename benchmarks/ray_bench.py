@@ -7,6 +7,8 @@ Configurations, each giving (8,192, 64) float32 batches of the reference dataset
 - ``read_tsfile(...).iter_torch_batches(batch_size=8192, collate_fn=stack_columns(...))`` on
   ``ray.init(num_cpus=2)``, with the default task plan and with ``--ray-blocks`` tasks;
 - the same through ``iter_torch_batches`` without a collate_fn (a dict of 64 column tensors);
+- the same dataset materialized once (``start s`` decodes it into the object store), then
+  batched: the consumer's side alone, what a trainer gets when read tasks run on other CPUs;
 - ``ray.data.read_parquet`` of the same matrix (float32, written once, one file per 16,384
   rows, snappy), through the same ``iter_torch_batches``: Ray's own reader of a columnar
   format, the conversion a user would do today.
@@ -96,6 +98,11 @@ def _configs(data: str, parquet: str, columns: list[str], ray_blocks: list[int])
     for n in ray_blocks:
         configs[f"read_tsfile, {n} tasks, stacked"] = ray_rows(n)
     configs["read_tsfile, default tasks, column dict"] = ray_rows(None, stacked=False)
+    # decoded once into the object store: what a consumer gets when read tasks run elsewhere
+    configs["read_tsfile materialized, stacked"] = (
+        lambda: read_tsfile(data).materialize(),
+        lambda ds: ds.iter_torch_batches(batch_size=BATCH, collate_fn=collate),
+    )
     configs["read_parquet (same matrix), stacked"] = ray_parquet()
     return configs
 
