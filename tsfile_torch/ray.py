@@ -12,10 +12,11 @@ gives (tensor columns ``x``, ``y``, ``x_times``, ``y_times``, or the Hugging Fac
 Note: a Ray read task is a view. The driver builds the view's reading core (sources expanded,
 screened and validated, catalog from metadata: no value read, except where the view itself
 needs values to number its items: ``align=``, ``max_missing=``, ``normalize="standard"``) and
-plans the tasks from the catalog alone. Each task holds a pickled copy of the core (no native
-handles), opens its readers in its own Ray worker process and asks the core for its rows, with
-every guarantee of the datasets: change checks, statistics checks, errors naming the file. A
-task reports its row count, size and files from metadata. The core is closed when the task ends.
+plans the tasks from the catalog alone. The core (no native handles) is put once into Ray's
+object store; each task gets its own copy, opens its readers in its Ray worker process and asks
+the core for its rows, with every guarantee of the datasets: change checks, statistics checks,
+errors naming the file. A task reports its row count, size and files from metadata, and closes
+its readers when it ends.
 
 Note: task planning. Rows: the cuts are the rows where a file shard of some column begins or
 ends (a series continued across files: day1.tsfile, day2.tsfile), so a task reads rows of whole
@@ -33,10 +34,10 @@ process has decoded every row of it in a file (Note: cell sums in
 between tasks, each task sends the column sums of its part to one small actor (no CPU, one per
 Ray job, named ``tsfile_torch.ray.sum_check``) that the plan was registered with; the task that
 completes a shard gets the verdict and raises the error naming the file, after its rows went
-out (as a DataLoader epoch's sum check does).
-Each shard is checked once, on the first pass that read all of it (as a process's cells are). Rows
-aligned on time (``align=``) are not the series' samples, and windows read tails twice: their
-cut shards get the per-block checks only (timestamps, first / last value, min / max).
+out (as a DataLoader epoch's sum check does). Each shard is checked once, on the first pass
+that read all of it (as a process's cells are). Rows aligned on time (``align=``) are not the
+series' samples, and windows read tails twice: their cut shards get the per-block checks only
+(timestamps, first / last value, min / max).
 """
 
 from __future__ import annotations
@@ -293,17 +294,19 @@ class TsFileDatasource(Datasource):
         plan = self.plan(parallelism)
         covering = self._cut_shards(plan)
         checker = self._checker(covering)
-        tasks = []
+        core, tasks = _shared(self, self.core), []
         for i, (start, stop) in enumerate(plan):
             sums = (i, checker, [gi for gi, on in covering.items() if i in on])
-            metadata = _metadata(
+            read = functools.partial(_read_rows, core, start, stop, chunk, schema, sums)
+            task = _read_task(
+                read,
+                schema,
+                kwargs,
                 num_rows=stop - start,
                 size_bytes=(stop - start) * self._row_bytes,
                 input_files=self._files(start, stop),
             )
-            core = _shared(self, self.core)
-            read = functools.partial(_read_rows, core, start, stop, chunk, schema, sums)
-            tasks.append(_read_task(read, metadata, schema, kwargs))
+            tasks.append(task)
         return tasks
 
     def _checker(self, covering: dict[int, list[int]]) -> tuple | None:
@@ -409,17 +412,18 @@ class TsFileWindowDatasource(Datasource):
 
     def get_read_tasks(self, parallelism: int, **kwargs) -> list[ReadTask]:
         chunk = max(1, BLOCK_BYTES // max(self._window_bytes, 1))
-        files = [f.name for f in self.dataset.catalog.files]
-        tasks = []
+        dataset, tasks = _shared(self, self.dataset), []
         for first, stop in self.plan(parallelism):
-            metadata = _metadata(
+            read = functools.partial(_read_windows, dataset, first, stop, chunk)
+            task = _read_task(
+                read,
+                None,
+                kwargs,
                 num_rows=stop - first,
                 size_bytes=(stop - first) * self._window_bytes,
-                input_files=self._files(first, stop) or files,
+                input_files=self._files(first, stop),
             )
-            dataset = _shared(self, self.dataset)
-            read = functools.partial(_read_windows, dataset, first, stop, chunk)
-            tasks.append(_read_task(read, metadata, None, kwargs))
+            tasks.append(task)
         return tasks
 
     def _files(self, first: int, stop: int) -> list[str]:
@@ -625,20 +629,20 @@ def _window_bytes(dataset) -> int:
     return nbytes
 
 
-def _metadata(**fields) -> BlockMetadata:
-    """Return BlockMetadata with the fields this Ray version takes (``schema`` moved to the
-    ReadTask in Ray 2.4x; ``exec_stats`` is None before a task runs)."""
+def _read_task(read, schema: pa.Schema | None, kwargs: dict, **metadata) -> ReadTask:
+    """Return a ReadTask of ``read`` with its metadata, for the Ray version installed.
+
+    ``schema`` moved from BlockMetadata to ReadTask in Ray 2.4x; ``exec_stats`` is None before
+    a task runs; ``per_task_row_limit`` (newer Ray) is passed on where Ray gave one.
+    """
+    fields = {"exec_stats": None, "schema": schema, **metadata}
     accepted = inspect.signature(BlockMetadata).parameters
-    values = {"exec_stats": None, **fields}
-    return BlockMetadata(**{k: v for k, v in values.items() if k in accepted})
-
-
-def _read_task(read, metadata: BlockMetadata, schema, kwargs) -> ReadTask:
+    block = BlockMetadata(**{k: v for k, v in fields.items() if k in accepted})
     accepted = inspect.signature(ReadTask).parameters
     extra = {"schema": schema} if "schema" in accepted else {}
     if "per_task_row_limit" in accepted and kwargs.get("per_task_row_limit") is not None:
         extra["per_task_row_limit"] = kwargs["per_task_row_limit"]
-    return ReadTask(read, metadata, **extra)
+    return ReadTask(read, block, **extra)
 
 
 def _refuse_bfloat16(options: dict) -> None:
