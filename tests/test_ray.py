@@ -234,12 +234,17 @@ def test_a_panel_on_own_timestamps_with_nulls_is_aligned_as_the_datasets_align_i
 @pytest.mark.filterwarnings("ignore:.*null")
 def test_panel_windows_with_nulls_are_the_window_datasets_windows(cluster, tray, tmp_path):
     _panel_with_nulls(tmp_path)
-    for options in [{}, {"return_dict": True, "time_features": ["hour_of_day"]}]:
+    for options in [
+        {},
+        {"return_dict": True, "time_features": ["hour_of_day"]},
+        {"normalize": "minmax", "fill": "zero"},
+    ]:
         expected = _window_parts(TsFileWindowDataset(tmp_path, 20, 5, 3, **options))
         ds = tray.read_tsfile_windows(tmp_path, 20, 5, 3, block_rows=64, **options)
         _assert_windows_equal(ds, expected)
-    missing = expected["past_observed_mask"] == 0  # the nulls, masked as the dataset masks them
-    assert missing.any() and np.array_equal(missing, np.isnan(expected["past_values"]))
+        if "past_observed_mask" in expected:  # the nulls, masked as the dataset masks them
+            missing = expected["past_observed_mask"] == 0
+            assert missing.any() and np.array_equal(missing, np.isnan(expected["past_values"]))
 
 
 @pytest.mark.slow
@@ -360,7 +365,7 @@ def test_s3_sources_read_as_local_ones(
     columns = [c for c in ds.columns() if c != "time"]
     got, _ = _rows_of(ds, columns)
     np.testing.assert_array_equal(got, small_expected.astype(np.float32))
-    assert sorted(p.name for p in (tmp_path / "cache").glob("*.tsfile")) != []  # tasks fetched
+    assert len(list((tmp_path / "cache").glob("*.tsfile"))) == 3  # the tasks fetched each file
 
 
 @pytest.mark.slow
