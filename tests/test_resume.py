@@ -125,7 +125,7 @@ def test_state_dict_names_epoch_position_and_what_they_refer_to(small_dir):
     state = ds.state_dict()
     assert set(state) == {
         "epoch", "position", "worker", "num_workers", "order", "rank", "world_size", "layout",
-        "history", "data",
+        "history", "data", "finished",
     }  # fmt: skip
     assert isinstance(state["data"], str) and len(state["data"]) == 16  # a fingerprint
     assert {k: v for k, v in state.items() if k not in ("layout", "data")} == {
@@ -143,6 +143,7 @@ def test_state_dict_names_epoch_position_and_what_they_refer_to(small_dir):
         "rank": 0,
         "world_size": 1,
         "history": [],
+        "finished": False,
     }
     assert through_disk(state) == state  # plain data: it survives torch.save / torch.load
     again = TsFileIterableDataset(

@@ -34,7 +34,6 @@ import os
 import threading
 import warnings
 import weakref
-from typing import NamedTuple
 
 import torch
 import torch.utils.data as tud
@@ -47,6 +46,7 @@ from tsfile_torch.integrity.reports import explain_worker_failure
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.options import check_bool, check_int
 from tsfile_torch.process import LoaderScope, start_worker
+from tsfile_torch.sampling.state import NUM_WORKERS, WORKER, PassPoint, check_state, pass_state
 
 __all__ = ["default_timeout", "make_loader", "saved_num_workers", "worker_context"]
 
@@ -92,34 +92,15 @@ def _spec(dataset) -> LoaderSpec:
     return spec()
 
 
-class _Resume(NamedTuple):
-    """Note: loader resume. Where a make_loader pass stands, counted in the main process.
-
-    The epoch of a pass is decided in the main process when the iteration starts (the view's
-    ``begin_epoch``: workers take it as set), and the batches handed to the training loop are
-    counted here, so the loader's ``state_dict()`` says (epoch, batches delivered, finished,
-    topology, history) from what it saw itself. A state loaded under another topology resumes
-    from that record alone (Note: elastic resume in :mod:`tsfile_torch.sampling.orders`); no
-    part of torchdata's own state layout is read. Under the same topology torchdata resumes each
-    worker exactly, as it saved them.
-    """
-
-    epoch: int
-    delivered: int
-    finished: bool
-    topology: tuple  # (workers, rank, world size); 1 worker for the main process
-    history: tuple  # earlier topologies of this epoch: (world size, workers, delivered) each
-
-    def as_state(self, identity: dict) -> dict:
-        return {
-            "epoch": self.epoch,
-            "delivered": self.delivered,
-            "finished": self.finished,
-            "topology": list(self.topology),
-            "history": [list(h) for h in self.history],
-            **identity,
-        }
-
+# Note: loader resume. Where a make_loader pass stands is counted in the main process: the
+# epoch of a pass is decided there when the iteration starts (the view's or sampler's
+# ``begin_main_pass``: workers take it as set), and the batches handed to the training loop are
+# counted by the pass, so the loader's ``state_dict()`` carries, under the key ``"tsfile_torch"``,
+# a :class:`~tsfile_torch.sampling.state.PassPoint` of the whole loader (worker -1; epoch,
+# batches delivered, finished, topology, history) written like every other pass state. A state
+# loaded under another topology resumes from that record alone (Note: elastic resume in
+# :mod:`tsfile_torch.sampling.orders`); no part of torchdata's own state layout is read. Under
+# the same topology torchdata resumes each worker exactly, as it saved them.
 
 _KEY = "tsfile_torch"
 #: held while a loader checks that its dataset is free and claims it
@@ -129,7 +110,7 @@ _STARTING = threading.RLock()
 class _Pass:
     """One iteration of a loader: worker failures named, epoch sums checked, effects undone."""
 
-    def __init__(self, loader, inner, scope: LoaderScope, start: _Resume):
+    def __init__(self, loader, inner, scope: LoaderScope, start: PassPoint):
         self._loader = loader
         self._inner = inner
         self._scope = scope
@@ -170,7 +151,7 @@ class _Pass:
         except BaseException:
             self._end()
             raise
-        self.point = self.point._replace(delivered=self.point.delivered + 1)
+        self.point = self.point._replace(position=self.point.position + 1)
         if isinstance(batch, KeptBatch):  # Note: hand-over
             batch = self._loader._spec.serve(batch)
             if self._loader.pin_memory:
@@ -232,9 +213,9 @@ class _Guarded:
         ds.__dict__["_running_loader"] = weakref.ref(self)
         return out
 
-    _loaded: _Resume | None = None  # a state of the same topology, loaded (stateful loader)
+    _loaded: PassPoint | None = None  # a state of the same topology, loaded (stateful loader)
 
-    def _start_point(self) -> _Resume:
+    def _start_point(self) -> PassPoint:
         """Return where the pass about to start stands; its epoch is decided here, in the main
         process (Note: loader resume)."""
         loaded, self._loaded = self._loaded, None
@@ -242,13 +223,13 @@ class _Guarded:
             return loaded
         target = _resume_target(self)
         if target is None:  # a sampler of the user's: nothing to resume through
-            return _Resume(self.dataset.epochs.peek(), 0, False, self._topology(), ())
-        epoch, history = target.begin_main_pass()
-        return _Resume(epoch, 0, False, self._topology(), history)
+            return self._point(self.dataset.epochs.peek())
+        return self._point(*target.begin_main_pass())
 
-    def _topology(self) -> tuple[int, int, int]:
+    def _point(self, epoch: int, history: tuple = ()) -> PassPoint:
+        """Return the start of a pass of this loader over ``epoch`` (Note: loader resume)."""
         ds = self.dataset
-        return (max(self.num_workers, 1), ds.rank, ds.world_size)
+        return PassPoint(epoch, 0, -1, max(self.num_workers, 1), ds.rank, ds.world_size, history)
 
     def _epoch_sums(self) -> EpochSums | None:
         ds, spec = self.dataset, self._spec
@@ -380,13 +361,17 @@ def saved_num_workers(state: dict) -> int:
         ValueError: ``state`` is not a state of a make_loader stateful loader.
     """
     ours = state.get(_KEY) if isinstance(state, dict) else None
-    if not isinstance(ours, dict) or "topology" not in ours:
+    if not isinstance(ours, dict) or ours.get(WORKER) != -1 or NUM_WORKERS not in ours:
         raise ValueError(
             "this state_dict was not saved by a make_loader(..., stateful=True) loader of this "
             "version of tsfile-torch (it has no 'tsfile_torch' record)"
         )
-    workers = int(ours["topology"][0])
+    workers = int(ours[NUM_WORKERS])
     return workers if state.get("_snapshot") else 0
+
+
+def _topology(point: PassPoint) -> tuple[int, int, int]:
+    return point.num_workers, point.rank, point.world_size
 
 
 def _resume_target(loader):
@@ -408,26 +393,17 @@ def _identity(loader) -> tuple[dict, str]:
     return {}, type(loader.dataset).__name__
 
 
-def _read_record(loader, saved: dict) -> _Resume:
+def _read_record(loader, saved: dict) -> PassPoint:
     """Return the loader record of ``saved`` after checking it was saved over this order."""
-    from tsfile_torch.sampling.state import check_state
-
     ours = saved.get(_KEY) if isinstance(saved, dict) else None
     identity, owner = _identity(loader)
-    if not isinstance(ours, dict) or not {"delivered", "topology", "finished"} <= set(ours):
+    if not isinstance(ours, dict) or ours.get(WORKER) != -1:
         raise ValueError(
             f"cannot load this state_dict into a make_loader loader over a {owner}: it has no "
             f"'tsfile_torch' record (it was not saved by make_loader(..., stateful=True)); "
             f"save the state with loader.state_dict() of a make_loader loader"
         )
-    point = check_state({**ours, "position": 0}, identity, owner)
-    return _Resume(
-        point.epoch,
-        int(ours["delivered"]),
-        bool(ours["finished"]),
-        tuple(int(v) for v in ours["topology"]),
-        point.history,
-    )
+    return check_state(ours, identity, owner)
 
 
 @functools.cache
@@ -461,8 +437,8 @@ def _stateful_loader_class():
             running = self._running() if self._running is not None else None
             point = running.point if running is not None else self._loaded
             if point is None:  # no pass yet: the next one starts its epoch afresh
-                point = _Resume(self.dataset.epochs.peek(), 0, False, self._topology(), ())
-            out[_KEY] = point.as_state(_identity(self)[0])
+                point = self._point(self.dataset.epochs.peek())
+            out[_KEY] = pass_state(point, _identity(self)[0])
             return out
 
         def load_state_dict(self, state_dict: dict) -> None:
@@ -470,17 +446,13 @@ def _stateful_loader_class():
                 super().load_state_dict(state_dict)
                 return
             record = _read_record(self, state_dict)
-            if record.topology == self._topology():  # torchdata resumes each worker exactly
+            here = self._point(record.epoch)
+            if _topology(record) == _topology(here):
                 theirs = {k: v for k, v in state_dict.items() if k != _KEY}
-                super().load_state_dict(theirs)
+                super().load_state_dict(theirs)  # torchdata resumes each worker exactly
                 self._loaded = record
                 return
-            if record.finished:
-                epoch, history = record.epoch + 1, ()
-            else:
-                workers, rank, world_size = record.topology
-                done = (world_size, workers, record.delivered)
-                epoch, history = record.epoch, (*record.history, done)
+            epoch, history = record.elsewhere()
             target = _resume_target(self)
             if target is None:
                 raise ValueError(

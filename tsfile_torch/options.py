@@ -206,8 +206,8 @@ class ReadOptions:
             ``"memory"`` (every row read kept in the process across epochs) or ``"disk"``
             (every row read kept in a memory-mapped file under ``cache_dir``, shared by
             workers, epochs and later runs; Note: decoded disk cache).
-        cache_bytes: block-cache budget per process (``None``: two blocks of every read group,
-            at least 64 MiB, at most 1 GiB or a quarter of RAM).
+        cache_bytes: block-cache budget per process, for every kind of view (``None``: two
+            blocks of every read group, at least 256 MiB, at most 1 GiB or a quarter of RAM).
         block_rows: rows decoded per native call and cache entry (``None``: 131,072 for rows,
             32,768 for windows).
         return_timestamps: add the int64 timestamps to each item.

@@ -417,7 +417,7 @@ class EpochSampler(tud.Sampler):
         loaded = self._latest
         if loaded is not None and loaded.cursor is None and loaded._pending is not None:
             p = loaded._pending
-            return p.epoch, p.history if loaded.exact else p.handed_over()
+            return (p.epoch, p.history) if loaded.exact else (p.epoch, p.handed_over())
         return self.dataset.epochs.peek(), ()
 
     def set_epoch(self, epoch: int) -> None:
@@ -426,14 +426,14 @@ class EpochSampler(tud.Sampler):
 
 
 class _SamplerPass(Iterator):
-    """One pass of an :class:`EpochSampler`; claims its epoch at its first batch (lazily: a
-    DataLoader creates iterators it never uses). Its state is its pass point."""
+    """The iterator of one pass of an :class:`EpochSampler`: begins its
+    :class:`~tsfile_torch.sampling.state.Cursor` at its first batch (lazily: a DataLoader
+    creates iterators it never uses); its state is the cursor's point, or the loaded one."""
 
     def __init__(self, sampler: EpochSampler):
         self.sampler = sampler  # (the sampler keeps this pass by a weak reference)
         self.cursor: state.Cursor | None = None
         self._pending: state.PassPoint | None = None  # a loaded point, not begun
-        self.finished = False  # raised StopIteration
 
     @property
     def exact(self) -> bool:
@@ -446,18 +446,20 @@ class _SamplerPass(Iterator):
         )
 
     def _begin(self) -> None:
-        ds = self.sampler.dataset
+        s = self.sampler
         point = self._pending
         if point is None:
-            epoch, position, history = ds.epochs.claim(), 0, ()
+            epoch, position, history = s.dataset.epochs.claim(), 0, ()
         elif self.exact:
             epoch, position, history = point.epoch, point.position, point.history
         else:  # another topology: the rest of the epoch (Note: elastic resume)
             epoch, position, history = point.epoch, 0, point.handed_over()
         if point is not None:
-            ds.epochs.record(epoch)
-        self.cursor = state.Cursor(epoch, self.sampler.batches(epoch, history), position, history)
-        self.sampler._latest = self  # begun: kept by a weak reference from now on
+            s.dataset.epochs.record(epoch)
+        here = s.point(epoch)
+        topology = (here.worker, here.num_workers, here.rank, here.world_size)
+        self.cursor = state.Cursor(epoch, s.batches(epoch, history), position, history, topology)
+        s._latest = self  # begun: kept by a weak reference from now on
 
     def __next__(self):
         if self.cursor is None:
@@ -465,7 +467,6 @@ class _SamplerPass(Iterator):
         try:
             items = next(self.cursor)
         except StopIteration:
-            self.finished = True
             self.sampler._after = self.cursor.epoch + 1
             raise
         return self.sampler.dataset._batch_key(items, self.sampler.batch_size)
@@ -474,13 +475,13 @@ class _SamplerPass(Iterator):
         s = self.sampler
         if self.cursor is None:  # not begun: where it would begin
             point = self._pending or s.point(s.dataset.epochs.peek())
-        elif self.finished:  # ran out (StopIteration): the next pass begins
+        elif self.cursor.finished:  # ran out (StopIteration): the next pass begins
             point = s.point(self.cursor.epoch + 1)
         else:
-            point = s.point(self.cursor.epoch, self.cursor.position, self.cursor.history)
+            point = self.cursor.point()
         return state.pass_state(point, s.identity())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         point = state.check_state(saved, self.sampler.identity(), "EpochSampler")
         self._pending = None if point.epoch is None else point
-        self.cursor, self.finished = None, False
+        self.cursor = None

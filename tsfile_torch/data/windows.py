@@ -10,7 +10,8 @@ of one device; windows start at device rows 0, stride, 2 * stride, ... (rows ins
 Note: window blocks. Values are read in blocks of ``block_rows`` consecutive rows of one device
 plus the ``context_length + horizon - 1`` rows after them, so every window starting in a block
 lies inside it; a block is normalized once and kept in a per-process
-:class:`~tsfile_torch.read.blockcache.BlockCache` of ``cache_bytes`` (default 256 MiB). A batch
+:class:`~tsfile_torch.read.blockcache.BlockCache` of ``cache_bytes`` (one default for every
+view). A batch
 of windows (``__getitems__``) fetches each block it needs once and gathers its windows with one
 numpy indexing operation per block. The orders of :mod:`tsfile_torch.sampling.orders` see a
 block as the windows starting in it, so ``order="shuffle"`` mixes ``shuffle_blocks`` blocks at
@@ -129,7 +130,7 @@ class TsFileWindowDataset(View, tud.Dataset):
             and alignment gaps; ffill carries values within a window only with
             ``return_dict``, where alignment leaves gaps to the window so masks stay exact),
             ``cache``, ``cache_bytes`` (the
-            window-block cache, default 256 MiB), ``block_rows`` (default 32,768),
+            window-block cache, default as for rows), ``block_rows`` (default 32,768),
             ``start_time`` / ``end_time``, ``storage_options``, ``validate``...).
         normalize_by: with ``normalize=``: ``"column"`` (one shift / scale per field over
             every device) or ``"device"`` (per device and field, from the device's own rows,

@@ -55,7 +55,7 @@ from tsfile_torch.read import diskcache
 from tsfile_torch.read.align import Alignment, timelines_of
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.memory import MemoryStore
-from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS, BatchReader
+from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS, BatchReader, default_cache_bytes
 from tsfile_torch.read.stats import series_stats
 from tsfile_torch.sources import expand_sources
 from tsfile_torch.sources.remote import RemoteOptions
@@ -65,8 +65,6 @@ __all__ = ["STORES", "ReadingCore", "Table", "worker_id"]
 _NUMPY_DTYPE = {"float64": np.float64}  # every other torch dtype is read as float32 first
 #: Largest integer magnitude below which every integer is exact in each float dtype.
 _EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
-#: Finalized blocks a view gathers from (windows), kept per process with ``cache="none"``.
-DEFAULT_BLOCK_BYTES = 256 << 20
 
 
 def worker_id() -> tuple[int, int] | None:
@@ -368,7 +366,8 @@ class ReadingCore:
     def block(self, table: int, lo: int, hi: int, annotate=None) -> Block:
         """Return rows ``[lo, hi)`` of ``table`` as a :class:`Block` to gather items from: from
         the store when it holds every table (filled here first), else a finalized block kept in
-        a byte-bounded LRU (``cache_bytes``, default 256 MiB) keyed by ``(table, lo)``;
+        a byte-bounded LRU (``cache_bytes``, default :func:`default_cache_bytes`) keyed by
+        ``(table, lo)``;
         ``annotate(times)`` (time features) runs once per decoded block (``block.features``)."""
         store = self.whole_store()
         if store is not None:
@@ -390,9 +389,11 @@ class ReadingCore:
         self.reader  # noqa: B018 - the cache belongs to this process's reader
         if self._blocks is None:
             budget = self.options.cache_bytes
-            self._blocks = BlockCache(
-                DEFAULT_BLOCK_BYTES if budget is None else budget, self.dtype, recycle=False
-            )
+            if budget is None:
+                budget = default_cache_bytes(
+                    self.catalog, np.dtype(self.dtype).itemsize, self.block_rows
+                )
+            self._blocks = BlockCache(budget, self.dtype, recycle=False)
         return self._blocks
 
     # -- the store ---------------------------------------------------------------------------

@@ -48,7 +48,7 @@ logger = logging.getLogger(__name__)
 DEFAULT_BLOCK_ROWS = 131072
 #: Upper bound of the default streaming cache, whatever the number of columns.
 DEFAULT_CACHE_CAP = 1 << 30
-_MIN_CACHE_BYTES = 64 << 20
+_MIN_CACHE_BYTES = 256 << 20
 
 
 def cache_cap() -> int:
@@ -75,11 +75,11 @@ def _fit_block_rows(reader: BatchReader, block_rows: int) -> int:
 
 
 def default_cache_bytes(catalog: Catalog, itemsize: int, block_rows: int) -> int:
-    """Return the default block-cache budget.
+    """Return the default block-cache budget (``cache_bytes=None``), for every kind of view.
 
-    Two blocks of every group (values plus timestamps), at least 64 MiB, at most
+    Two blocks of every group (values plus timestamps), at least 256 MiB, at most
     :func:`cache_cap`. Two let a batch that straddles a block boundary be served without
-    decoding either block twice.
+    decoding either block twice; the floor lets random windows revisit the blocks of a panel.
     """
     one = block_rows * (len(catalog.columns) * itemsize + 8 * len(catalog.groups))
     return min(max(_MIN_CACHE_BYTES, 2 * one), cache_cap())

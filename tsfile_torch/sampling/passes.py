@@ -50,7 +50,7 @@ class Passes:
         self.bind(view)
         self.epochs = state.EpochCounter()
         self._passes = 0
-        self._latest: tuple[state.Cursor, int, int] | None = None  # this process's latest pass
+        self._latest: state.Cursor | None = None  # this process's latest pass
         self._resume: state.PassPoint | None = None
 
     def bind(self, view) -> None:
@@ -155,8 +155,9 @@ class Passes:
             epoch, position = self.epochs.claim(tag, leader=worker == 0), 0
         batches = self.epoch_batches(epoch, history=history)
         split = orders.worker_batches(batches, worker, num_workers, self.spec.order)
-        cursor = state.Cursor(epoch, [batches[i] for i in split], position, history)
-        self._latest = (cursor, worker, num_workers)
+        topology = (worker, num_workers, self.rank, self.world_size)
+        cursor = state.Cursor(epoch, [batches[i] for i in split], position, history, topology)
+        self._latest = cursor
         return cursor
 
     def _resumed(self, saved: state.PassPoint, worker: int, num_workers: int):
@@ -197,16 +198,7 @@ class Passes:
         elif self._latest is None:
             point = state.PassPoint(None, 0, 0, 1, self.rank, self.world_size)
         else:
-            cursor, worker, num_workers = self._latest
-            point = state.PassPoint(
-                cursor.epoch,
-                cursor.position,
-                worker,
-                num_workers,
-                self.rank,
-                self.world_size,
-                cursor.history,
-            )
+            point = self._latest.point()
         return state.pass_state(point, self.identity())
 
     def load_state_dict(self, saved: dict[str, Any], owner: str) -> None:

@@ -51,7 +51,7 @@ _PID_BITS, _TAG_BITS = 22, 16  # Linux pids fit 22 bits; elsewhere they are mask
 # state_dict keys
 EPOCH, POSITION, WORKER, NUM_WORKERS = "epoch", "position", "worker", "num_workers"
 RANK, WORLD_SIZE, ORDER, LAYOUT = "rank", "world_size", "order", "layout"
-HISTORY, DATA = "history", "data"
+HISTORY, DATA, FINISHED = "history", "data", "finished"
 
 
 class _Word(NamedTuple):
@@ -160,16 +160,19 @@ def pass_state(point: PassPoint, identity: dict) -> dict[str, Any]:
         RANK: point.rank,
         WORLD_SIZE: point.world_size,
         HISTORY: [list(h) for h in point.history],
+        FINISHED: point.finished,
         **identity,
     }
 
 
 class PassPoint(NamedTuple):
-    """Where a pass stands (a state without what the order depends on).
+    """Where a pass stands: the one record every ``state_dict`` of a pass is written from.
 
-    ``worker`` of ``num_workers`` (1: the main process) of rank ``rank`` of ``world_size``
-    had delivered ``position`` batches of ``epoch``; ``history`` holds the topologies the epoch
-    ran under before this one (Note: elastic resume in :mod:`tsfile_torch.sampling.orders`).
+    ``worker`` of ``num_workers`` (1: the main process; ``worker`` -1: a whole loader, counted in
+    the main process) of rank ``rank`` of ``world_size`` had delivered ``position`` batches of
+    ``epoch``, and ``finished`` it; ``history`` holds the topologies the epoch ran under before
+    this one (Note: elastic resume in :mod:`tsfile_torch.sampling.orders`). A view's iterable
+    passes, a sampler's passes and a make_loader loader's own record are all this.
     """
 
     epoch: int | None
@@ -179,15 +182,23 @@ class PassPoint(NamedTuple):
     rank: int = 0
     world_size: int = 1
     history: tuple = ()
+    finished: bool = False
 
     def handed_over(self, delivered: int | None = None) -> tuple:
         """Return the history of the rest of this pass under another topology.
 
         ``delivered``: batches this rank delivered (default: this pass's position, right for a
-        main-process pass or a sampler; a loader with workers sums its workers').
+        main-process pass, a sampler or a loader; a worker's share is not the rank's).
         """
         done = self.position if delivered is None else delivered
         return (*self.history, (self.world_size, max(self.num_workers, 1), done))
+
+    def elsewhere(self) -> tuple[int, tuple]:
+        """Return (epoch, history) that resume this pass under another topology: the rest of
+        its epoch, or the next epoch afresh when it had finished."""
+        if self.finished:
+            return self.epoch + 1, ()
+        return self.epoch, self.handed_over()
 
 
 def check_state(saved: Any, identity: dict, owner: str) -> PassPoint:
@@ -230,6 +241,7 @@ def check_state(saved: Any, identity: dict, owner: str) -> PassPoint:
         int(saved.get(RANK, 0)),
         int(saved.get(WORLD_SIZE, 1)),
         tuple(tuple(int(v) for v in h) for h in saved.get(HISTORY, ())),
+        bool(saved.get(FINISHED, False)),
     )
 
 
@@ -243,13 +255,20 @@ def _plain(value):
 
 
 class Cursor(Iterator[np.ndarray]):
-    """One pass: its epoch and batches, and how many it has handed out (its position).
+    """One pass in progress: its epoch and batches, how many it has handed out (its position),
+    whether it ran out, and where it runs (``topology``: worker, workers, rank, world size).
 
     ``history``: the topologies the epoch ran under before this pass (Note: elastic resume).
+    :meth:`point` is its :class:`PassPoint`, from which its state is written.
     """
 
     def __init__(
-        self, epoch: int, batches: Sequence[np.ndarray], position: int = 0, history: tuple = ()
+        self,
+        epoch: int,
+        batches: Sequence[np.ndarray],
+        position: int = 0,
+        history: tuple = (),
+        topology: tuple[int, int, int, int] = (0, 1, 0, 1),
     ):
         if not 0 <= position <= len(batches):
             raise ValueError(
@@ -259,12 +278,19 @@ class Cursor(Iterator[np.ndarray]):
         self.batches = batches
         self.position = position
         self.history = history
+        self.topology = topology
+        self.finished = False  # raised StopIteration
 
     def __len__(self) -> int:
         return len(self.batches)
 
     def __next__(self) -> np.ndarray:
         if self.position >= len(self.batches):
+            self.finished = True
             raise StopIteration
         self.position += 1  # before handing out: a state read next counts this batch
         return self.batches[self.position - 1]
+
+    def point(self) -> PassPoint:
+        """Return where this pass stands."""
+        return PassPoint(self.epoch, self.position, *self.topology, self.history, self.finished)
