@@ -354,3 +354,63 @@ def test_union_windows_equal_the_union_rows_of_their_device(
             np.testing.assert_array_equal(stamps[first + j], times[2 * j : 2 * j + 15])
         first += count
     assert first == len(ds)
+
+
+# -- the three groups of arguments ------------------------------------------------------------
+
+
+def test_a_window_dataset_is_a_function_of_its_three_groups_and_split_replaces_the_range(
+    tmp_path,
+):
+    import dataclasses
+    import pickle
+
+    from tsfile_torch.data.window_spec import WindowSpec
+    from tsfile_torch.options import ReadOptions
+    from tsfile_torch.sampling.orders import OrderSpec
+
+    synthetic.write_panel(tmp_path, num_devices=2, num_fields=2, num_rows=300, num_files=2)
+    ds = TsFileWindowDataset(
+        tmp_path, 16, 4, stride=3, columns=["f1", "f0"], targets="f0", normalize="standard",
+        order="shuffle", seed=5, cache="memory",
+    )  # fmt: skip
+    assert ds.window == WindowSpec(16, 4, 3, ("f1", "f0"), ("f0",), normalize_by="column")
+    again = TsFileWindowDataset.from_specs(
+        tmp_path, ds.window, ReadOptions(normalize="standard", cache="memory"),
+        OrderSpec("shuffle", 5),
+    )  # fmt: skip
+    assert len(again) == len(ds) and again.state_dict()["data"] == ds.state_dict()["data"]
+    for a, b in zip(_all_windows(ds), _all_windows(again), strict=True):
+        assert torch.equal(a, b)
+
+    cut = int(synthetic.panel_device_times(0, np.array([200]))[0])
+    train, validation = ds.split_by_time(cut)
+    # split_by_time is the same dataset with the read options' range replaced: every other
+    # read option, the window and the order are kept
+    assert train.options == dataclasses.replace(ds.options, end_time=cut - 1)
+    assert validation.options.normalize is train.normalizer
+    assert (train.window, train.order_spec) == (ds.window, ds.order_spec)
+    assert validation.window == ds.window.replace(devices=tuple(train.devices))
+    assert train.options.cache == validation.options.cache == "memory"
+    with pytest.raises(ValueError, match="split the dataset before pickling"):
+        pickle.loads(pickle.dumps(ds)).split_by_time(cut)
+
+
+@pytest.mark.parametrize(
+    "arguments, error, match",
+    [
+        ({"context_length": 0}, ValueError, "context_length"),
+        ({"context_length": 8, "columns": []}, ValueError, "columns must be None or a non-empty"),
+        ({"context_length": 8, "targets": [1]}, TypeError, "targets must hold names"),
+        ({"context_length": 8, "time_features": ["hour_of_day"]}, ValueError, "return_dict"),
+        ({"context_length": 8, "max_missing": 1.5}, ValueError, "max_missing"),
+        ({"context_length": 8, "min_context": 9}, ValueError, "min_context"),
+        ({"context_length": 8, "normalize_by": "rows"}, ValueError, "normalize_by"),
+        ({"context_length": 8, "device_weights": "x"}, ValueError, "device_weights"),
+    ],
+)
+def test_a_window_spec_refuses_bad_values_naming_them(arguments, error, match):
+    from tsfile_torch.data.window_spec import WindowSpec
+
+    with pytest.raises(error, match=match):
+        WindowSpec(**arguments)

@@ -224,6 +224,8 @@ class HFWindows(TsFileWindowDataset):
     """
 
     kind = "model window dataset"
+    inputs: ModelInputs | None = None  # (split_by_time builds its parts without __init__)
+    missing_future: int | None = None
 
     def __init__(self, *args, inputs: ModelInputs | None = None, **kwargs):
         super().__init__(*args, **kwargs)

@@ -134,12 +134,7 @@ def read_tsfile(
 def read_tsfile_windows(
     sources,
     context_length: int,
-    horizon: int = 0,
-    stride: int = 1,
-    columns: Sequence[str] | str | None = None,
-    targets: Sequence[str] | str | None = None,
-    devices: Sequence[str] | str | None = None,
-    *,
+    *window,
     override_num_blocks: int | None = None,
     ray_remote_args: dict | None = None,
     **window_options,
@@ -153,8 +148,8 @@ def read_tsfile_windows(
     ``device_id``, ``static_categorical_features``).
 
     Args:
-        sources, context_length, horizon, stride, columns, targets, devices: as
-            :class:`~tsfile_torch.TsFileWindowDataset`.
+        sources, context_length, *window (``horizon``, ``stride``, ``columns``, ``targets``,
+            ``devices``): as :class:`~tsfile_torch.TsFileWindowDataset`.
         override_num_blocks, ray_remote_args: as :func:`read_tsfile`.
         **window_options: the window dataset's other arguments (``return_dict``,
             ``time_features``, ``min_context``, ``max_missing``, ``normalize``,
@@ -166,15 +161,7 @@ def read_tsfile_windows(
         As the window dataset when built on the driver; a read task raises naming the file.
     """
     source = TsFileWindowDatasource(
-        sources,
-        context_length,
-        horizon,
-        stride,
-        columns,
-        targets,
-        devices,
-        override_num_blocks=override_num_blocks,
-        **window_options,
+        sources, context_length, *window, override_num_blocks=override_num_blocks, **window_options
     )
     return ray.data.read_datasource(
         source, override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args
@@ -279,14 +266,7 @@ class TsFileDatasource(Datasource):
             units = np.array(sorted({0, n} | {r for r in shards if 0 < r < n}), dtype=np.int64)
         else:  # aligned rows are numbered by their union / intersection of timestamps
             units = np.array([0, n], dtype=np.int64)
-        cuts = _cuts(units, self._wanted(n * self._row_bytes, parallelism))
-        return list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
-
-    def _wanted(self, nbytes: int, parallelism: int) -> int:
-        if self.num_tasks is not None:
-            return self.num_tasks
-        wanted = max(1, math.ceil(nbytes / TASK_BYTES))
-        return min(wanted, parallelism) if parallelism and parallelism > 0 else wanted
+        return _plan(units, n * self._row_bytes, self.num_tasks, parallelism)
 
     def get_read_tasks(self, parallelism: int, **kwargs) -> list[ReadTask]:
         chunk = max(1, min(self.core.block_rows, BLOCK_BYTES // max(self._row_bytes, 1)))
@@ -361,12 +341,7 @@ class TsFileWindowDatasource(Datasource):
         self,
         sources,
         context_length: int,
-        horizon: int = 0,
-        stride: int = 1,
-        columns: Sequence[str] | str | None = None,
-        targets: Sequence[str] | str | None = None,
-        devices: Sequence[str] | str | None = None,
-        *,
+        *window,
         override_num_blocks: int | None = None,
         **window_options,
     ):
@@ -382,9 +357,7 @@ class TsFileWindowDatasource(Datasource):
         _refuse_bfloat16(window_options)
         window_options.setdefault("decode_threads", 1)
         self.num_tasks = check_int("override_num_blocks", override_num_blocks, allow_none=True)
-        self.dataset = TsFileWindowDataset(
-            sources, context_length, horizon, stride, columns, targets, devices, **window_options
-        )
+        self.dataset = TsFileWindowDataset(sources, context_length, *window, **window_options)
         _refuse_file_objects(self.dataset.core)
         self.dataset.close()  # nothing native travels to the tasks
         self._window_bytes = _window_bytes(self.dataset)
@@ -402,13 +375,7 @@ class TsFileWindowDatasource(Datasource):
     def plan(self, parallelism: int = -1) -> list[tuple[int, int]]:
         """Return the window ranges ``[first, stop)`` of the read tasks (Note: task planning)."""
         units = self.dataset.index.blocks(self.dataset.block_rows)
-        wanted = self.num_tasks
-        if wanted is None:
-            wanted = max(1, math.ceil(self.num_windows * self._window_bytes / TASK_BYTES))
-            if parallelism and parallelism > 0:
-                wanted = min(wanted, parallelism)
-        cuts = _cuts(units, wanted)
-        return list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+        return _plan(units, self.num_windows * self._window_bytes, self.num_tasks, parallelism)
 
     def get_read_tasks(self, parallelism: int, **kwargs) -> list[ReadTask]:
         chunk = max(1, BLOCK_BYTES // max(self._window_bytes, 1))
@@ -601,6 +568,19 @@ def _own_copy(view):
 
 
 # -- planning helpers --------------------------------------------------------------------------
+def _plan(units: np.ndarray, nbytes: int, num_tasks: int | None, parallelism: int):
+    """Return the ranges ``[start, stop)`` of the read tasks over ``units`` (boundaries a task
+    may cut at) of ``nbytes`` in all: ``num_tasks`` of them, else one per ``TASK_BYTES``, at
+    most ``parallelism`` (Note: task planning)."""
+    wanted = num_tasks
+    if wanted is None:
+        wanted = max(1, math.ceil(nbytes / TASK_BYTES))
+        if parallelism and parallelism > 0:
+            wanted = min(wanted, parallelism)
+    cuts = _cuts(units, wanted)
+    return list(zip(cuts[:-1].tolist(), cuts[1:].tolist(), strict=True))
+
+
 def _cuts(units: np.ndarray, wanted: int) -> np.ndarray:
     """Return task boundaries over ``[0, units[-1])`` given unit boundaries ``units``.
 

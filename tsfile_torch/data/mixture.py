@@ -18,7 +18,7 @@ import torch
 import torch.utils.data as tud
 
 from tsfile_torch.data.view import KeptBatch, LoaderSpec, View, data_fingerprint, resolve_rank
-from tsfile_torch.data.window_items import WindowBatch, collate_windows
+from tsfile_torch.data.window_items import WindowBatch, window_loader_spec
 from tsfile_torch.data.windows import TsFileWindowDataset
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.sampling.orders import OrderSpec
@@ -191,20 +191,9 @@ class MixedWindows(View, tud.Dataset):
         """A fingerprint of the datasets' data and the weights mixing them."""
         return data_fingerprint([[d.data_identity() for d in self.datasets], self.weights])
 
-    def serve_kept(self, kept: KeptBatch):
-        return collate_windows(self.__getitems__(*kept.request))
-
     def loader_spec(self) -> LoaderSpec:
         """Windows batched by the loader, read by each dataset's core (Note: hand-over)."""
-        return LoaderSpec(
-            windows=True,
-            iterable=False,
-            cores=[d.core for d in self.datasets],
-            block_values=max(d.block_rows * len(d.catalog.columns) for d in self.datasets),
-            serve=self.serve_kept,
-            collate_fn=collate_windows,
-            slots=self.slots,
-        )
+        return window_loader_spec(self, [d.core for d in self.datasets], self.slots)
 
     def __getstate__(self):
         out = super().__getstate__()

@@ -19,9 +19,9 @@ import torch.utils.data as tud
 
 from tsfile_torch.data.features import fill_missing, time_features
 from tsfile_torch.data.handover import as_tensor
-from tsfile_torch.data.view import KeptBatch
+from tsfile_torch.data.view import KeptBatch, LoaderSpec
 
-__all__ = ["WindowBatch", "WindowItems", "collate_windows", "pad_windows"]
+__all__ = ["WindowBatch", "WindowItems", "collate_windows", "pad_windows", "window_loader_spec"]
 
 
 class WindowBatch(Sequence):
@@ -155,6 +155,21 @@ class WindowItems:
         add("device_id", arrays["device_id"])
         add("static_categorical_features", arrays["codes"])
         return WindowBatch(tuple(parts), tuple(keys))
+
+
+def window_loader_spec(view, cores: list, slots) -> LoaderSpec:
+    """Return the loader spec of a view of windows (a window dataset, a mixture): single
+    windows batched by the loader through :func:`collate_windows`; a batch kept in the disk
+    cache by a worker is gathered again here, in the main process (Note: hand-over)."""
+    return LoaderSpec(
+        windows=True,
+        iterable=False,
+        cores=cores,
+        block_values=max(core.block_rows * len(core.catalog.columns) for core in cores),
+        serve=lambda kept: collate_windows(view.__getitems__(*kept.request)),
+        collate_fn=collate_windows,
+        slots=slots,
+    )
 
 
 def pad_windows(values: np.ndarray, times: np.ndarray | None, start: np.ndarray):

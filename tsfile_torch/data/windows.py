@@ -31,14 +31,21 @@ import numpy as np
 import torch.utils.data as tud
 
 from tsfile_torch.catalog.devices import select_devices, tag_codes
-from tsfile_torch.data.features import check_time_features, time_features
+from tsfile_torch.data.features import time_features
 from tsfile_torch.data.handover import batch_arrays
 from tsfile_torch.data.normalize import DeviceNormalizer, Normalizer, make_normalizer
 from tsfile_torch.data.view import KeptBatch, LoaderSpec, View, resolve_rank
 from tsfile_torch.data.window_index import WindowIndex
-from tsfile_torch.data.window_items import WindowBatch, WindowItems, collate_windows, pad_windows
+from tsfile_torch.data.window_items import (
+    WindowBatch,
+    WindowItems,
+    collate_windows,
+    pad_windows,
+    window_loader_spec,
+)
+from tsfile_torch.data.window_spec import WindowSpec
 from tsfile_torch.errors import SchemaError
-from tsfile_torch.options import ReadOptions, check_bool, check_choice, check_int, to_timestamp
+from tsfile_torch.options import ReadOptions, to_timestamp
 from tsfile_torch.read.blockcache import Block
 from tsfile_torch.read.core import ReadingCore
 from tsfile_torch.sampling import orders
@@ -49,11 +56,6 @@ __all__ = ["TsFileWindowDataset", "WindowBatch", "WindowInfo", "collate_windows"
 
 #: Device rows per decoded block (Note: window blocks): ~3 pages of the writer's defaults.
 DEFAULT_WINDOW_BLOCK_ROWS = 32768
-#: ``column``: one scale per field over every device; ``device``: per device and field.
-NORMALIZE_BY = ("column", "device")
-#: ``length``: every window equally likely (a device in proportion to its windows);
-#: ``uniform``: every device equally likely, then one of its windows (order="random").
-DEVICE_WEIGHTS = ("length", "uniform")
 
 
 class WindowInfo(NamedTuple):
@@ -62,19 +64,6 @@ class WindowInfo(NamedTuple):
     device: str
     start_row: int
     start_time: int
-
-
-def _names(name: str, value) -> tuple[str, ...] | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        value = [value]
-    if not isinstance(value, (list, tuple)) or not value:
-        raise ValueError(f"{name} must be None or a non-empty list of names; got {value!r}")
-    for v in value:
-        if not isinstance(v, str):
-            raise TypeError(f"{name} must hold names (str); got {v!r}")
-    return tuple(dict.fromkeys(value))
 
 
 class TsFileWindowDataset(View, tud.Dataset):
@@ -150,8 +139,6 @@ class TsFileWindowDataset(View, tud.Dataset):
     kind = "window dataset"
     default_block_rows = DEFAULT_WINDOW_BLOCK_ROWS
 
-    kind = "window dataset"
-
     def __init__(
         self,
         sources,
@@ -178,38 +165,53 @@ class TsFileWindowDataset(View, tud.Dataset):
         device_weights: str = "length",
         **read_options,
     ):
-        #: what split_by_time builds its two datasets from
-        self._arguments = {k: v for k, v in locals().items() if k not in _NOT_ARGUMENTS}
-        self._arguments.update(read_options)
-        read = ReadOptions(**read_options)
-        if normalize_by is None:  # a training dataset's per-device normalizer says "device"
-            normalize_by = "device" if isinstance(read.normalize, DeviceNormalizer) else "column"
-        self.normalize_by = check_choice("normalize_by", normalize_by, NORMALIZE_BY)
-        self.return_dict = check_bool("return_dict", return_dict)
-        self.time_features = check_time_features(time_features)
-        if self.time_features and not self.return_dict:
-            raise ValueError(
-                "time_features are part of dict items: pass return_dict=True with time_features"
-            )
-        self.context_length = check_int("context_length", context_length, 1, 2**40)
-        self.horizon = check_int("horizon", horizon, 0, 2**40)
-        self.stride = check_int("stride", stride, 1, 2**40)
-        #: observed context rows the first windows of a device need (the rest is padding)
-        self.min_context = check_int(
-            "min_context", min_context, 1, self.context_length, allow_none=True
+        window = WindowSpec(
+            context_length,
+            horizon,
+            stride,
+            columns,
+            targets,
+            devices,
+            return_dict,
+            time_features,
+            normalize_by,
+            min_context,
+            max_missing,
+            device_weights,
         )
-        self.max_missing = _check_fraction("max_missing", max_missing)
-        self.device_weights = check_choice("device_weights", device_weights, DEVICE_WEIGHTS)
-        columns, targets = _names("columns", columns), _names("targets", targets)
-        patterns = _names("devices", devices)
-        self.order_spec = OrderSpec(
+        order_spec = OrderSpec(
             orders.resolve_order(order, shuffle), seed, drop_last, shuffle_blocks, num_samples
         )
-        if self.device_weights != "length" and self.order_spec.order != "random":
+        self._build(sources, window, ReadOptions(**read_options), order_spec, rank, world_size)
+
+    @classmethod
+    def from_specs(
+        cls,
+        sources,
+        window: WindowSpec,
+        read: ReadOptions,
+        order: OrderSpec,
+        rank: int | None = None,
+        world_size: int | None = None,
+    ) -> TsFileWindowDataset:
+        """Build the dataset from its three groups of arguments (:mod:`tsfile_torch.data.
+        window_spec`): what a window is, what is read and how items are ordered."""
+        ds = cls.__new__(cls)
+        ds._build(sources, window, read, order, rank, world_size)
+        return ds
+
+    def _build(self, sources, window, read, order_spec, rank, world_size) -> None:
+        if window.normalize_by is None:  # a training dataset's per-device normalizer says so
+            by = "device" if isinstance(read.normalize, DeviceNormalizer) else "column"
+            window = window.replace(normalize_by=by)
+        if window.device_weights != "length" and order_spec.order != "random":
             raise ValueError(
-                f"device_weights={self.device_weights!r} goes with order='random' (windows drawn "
-                f"per epoch); got order={self.order_spec.order!r}"
+                f"device_weights={window.device_weights!r} goes with order='random' (windows "
+                f"drawn per epoch); got order={order_spec.order!r}"
             )
+        #: what this dataset was built from (split_by_time replaces the read options)
+        self._request = (sources, order_spec, rank, world_size)
+        self.window, self.order_spec = window, order_spec
         self.passes = Passes(self, *resolve_rank(rank, world_size))
         # blocks are cached by the core finalized, with their tails (Note: window blocks)
         core = ReadingCore(
@@ -217,8 +219,9 @@ class TsFileWindowDataset(View, tud.Dataset):
         )
         self.core = core
         chosen = select_devices(
-            core.meta, columns, targets, patterns, read.start_time, read.end_time
-        )
+            core.meta, window.columns, window.targets, window.devices, read.start_time,
+            read.end_time,
+        )  # fmt: skip
         self.columns_x, self.targets, self.fields = chosen.columns, chosen.targets, chosen.fields
         self._devices = chosen.names
         #: per tag level (schema order), its values; a code is an index into this list
@@ -243,7 +246,18 @@ class TsFileWindowDataset(View, tud.Dataset):
     @property
     def _padding(self) -> int:
         """Rows of left padding the first window of a device may have (``min_context``)."""
-        return 0 if self.min_context is None else self.context_length - self.min_context
+        return self.window.padding
+
+    # what a window is, as attributes (ds.context_length, ...): the WindowSpec's
+    context_length = property(lambda self: self.window.context_length)
+    horizon = property(lambda self: self.window.horizon)
+    stride = property(lambda self: self.window.stride)
+    return_dict = property(lambda self: self.window.return_dict)
+    time_features = property(lambda self: self.window.time_features)
+    normalize_by = property(lambda self: self.window.normalize_by)
+    min_context = property(lambda self: self.window.min_context)
+    max_missing = property(lambda self: self.window.max_missing)
+    device_weights = property(lambda self: self.window.device_weights)
 
     def _set_windows(self, lowest: np.ndarray) -> None:
         """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
@@ -351,20 +365,9 @@ class TsFileWindowDataset(View, tud.Dataset):
         :class:`KeptBatch` where a make_loader worker may hand the batch over by reference)."""
         return _gather(self, indices, hand_over)
 
-    def serve_kept(self, kept: KeptBatch):
-        return collate_windows(self.__getitems__(*kept.request))
-
     def loader_spec(self) -> LoaderSpec:
         """Windows are batched by the loader (``batch_size`` windows) through collate_windows."""
-        return LoaderSpec(
-            windows=True,
-            iterable=False,
-            cores=[self.core],
-            block_values=self.block_rows * len(self.catalog.columns),
-            serve=self.serve_kept,
-            collate_fn=collate_windows,
-            slots=self.core.slots,
-        )
+        return window_loader_spec(self, [self.core], self.core.slots)
 
     # -- blocks -----------------------------------------------------------------------------
     def _nulls_hint(self) -> str | None:
@@ -394,7 +397,7 @@ class TsFileWindowDataset(View, tud.Dataset):
 
     def __getstate__(self):
         out = super().__getstate__()
-        out["_arguments"] = None  # sources may be open file objects; split before pickling
+        out["_request"] = None  # sources may be open file objects; split before pickling
         return out
 
     # -- statistics -------------------------------------------------------------------------
@@ -497,11 +500,19 @@ def _split_by_time(ds, t):
         raise ValueError(
             f"split_by_time: t={cut} must lie in (start_time, end_time] = ({lo}, {hi}]"
         )
-    train = type(ds)(**{**ds._arguments, "end_time": cut - 1})
-    arguments = {**ds._arguments, "devices": train.devices}
+    if ds._request is None:
+        raise ValueError(
+            "split_by_time: this dataset was unpickled (its sources are not kept in a pickle); "
+            "split the dataset before pickling it or handing it to DataLoader workers"
+        )
+    sources, order, rank, world_size = ds._request
+    train_read = dataclasses.replace(ds.options, end_time=cut - 1)
+    train = type(ds).from_specs(sources, ds.window, train_read, order, rank, world_size)
+    window, read = ds.window.replace(devices=tuple(train.devices)), ds.options
     if train.normalizer is not None:
-        arguments.update(normalize=train.normalizer, normalize_by=train.normalize_by)
-    validation = type(ds)(**arguments)
+        window = window.replace(normalize_by=train.normalize_by)
+        read = dataclasses.replace(read, normalize=train.normalizer)
+    validation = type(ds).from_specs(sources, window, read, order, rank, world_size)
     before = [table.num_rows for table in train.core.tables]  # each device's rows before t
     _forecast_from(validation, np.asarray(before, dtype=np.int64), cut)
     return train, validation
@@ -580,16 +591,3 @@ def _check_long_enough(ds, core: ReadingCore) -> None:
             f"{ds.horizon}{' - padding' if ds._padding else ''}) in range; the longest "
             f"has {longest}: use shorter windows, more data or a wider time range"
         )
-
-
-_NOT_ARGUMENTS = ("self", "read_options", "__class__")
-
-
-def _check_fraction(name: str, value) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float, np.floating, np.integer)):
-        raise TypeError(f"{name} should be a fraction in [0, 1] or None, but got {name}={value!r}")
-    if not 0 <= value <= 1:
-        raise ValueError(f"{name} should be a fraction in [0, 1], but got {name}={value!r}")
-    return float(value)
