@@ -39,6 +39,8 @@ import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.pin_memory import pin_memory
 
+from tsfile_torch.data.handover import WorkerRing
+from tsfile_torch.data.ring import RingBatch, RingCollate, RingControl, RingReceiver
 from tsfile_torch.data.view import EpochSampler, KeptBatch, LoaderSpec
 from tsfile_torch.errors import TsFileTorchError
 from tsfile_torch.integrity.checks import EpochSums
@@ -116,6 +118,7 @@ class _Pass:
         self._scope = scope
         scope.watch(bool(getattr(inner, "_workers", None)))
         self._sums = loader._epoch_sums()
+        self._ring = getattr(loader, "_ring", None)
         #: where this pass stands, counted here in the main process (Note: loader resume)
         self.point = start
 
@@ -126,6 +129,8 @@ class _Pass:
         return len(self._inner)
 
     def __next__(self):
+        if self._ring is not None:
+            self._ring.release()  # slots of batches the consumer has dropped are free again
         try:
             batch = next(self._inner)
         except StopIteration:
@@ -138,6 +143,9 @@ class _Pass:
             raise
         except (RuntimeError, ConnectionError, EOFError) as err:
             self._end()
+            self._loader._failed = self._inner  # the next pass starts new workers (_retire)
+            if self._ring is not None:
+                self._ring.close()
             context = self._loader.multiprocessing_context
             better = explain_worker_failure(
                 err,
@@ -152,7 +160,11 @@ class _Pass:
             self._end()
             raise
         self.point = self.point._replace(position=self.point.position + 1)
-        if isinstance(batch, KeptBatch):  # Note: hand-over
+        if isinstance(batch, RingBatch):  # Note: ring
+            batch = self._ring.unpack(batch)
+            if self._loader.pin_memory:
+                batch = pin_memory(batch, getattr(self._loader, "pin_memory_device", "") or None)
+        elif isinstance(batch, KeptBatch):  # Note: hand-over
             batch = self._loader._spec.serve(batch)
             if self._loader.pin_memory:
                 batch = pin_memory(batch, getattr(self._loader, "pin_memory_device", "") or None)
@@ -181,6 +193,7 @@ class _Guarded:
     """Mixin of make_loader's loaders (see the module notes)."""
 
     _sums_checked = False
+    _failed = None  # the iterator of a pass that ended in a worker failure
 
     def __iter__(self):
         # one check-and-claim at a time: two threads starting loaders over one dataset object
@@ -203,6 +216,14 @@ class _Guarded:
         start = self._start_point()
         # before the DataLoader touches process settings
         scope = LoaderScope(self._spec.slots, self.num_workers > 0)
+        failed, self._failed = self._failed, None
+        if failed is not None:
+            _retire(self, failed)
+        ring = getattr(self, "_ring", None)
+        if ring is not None:
+            if self._iterator is None or not self.persistent_workers:
+                ring.restart()  # new workers: new slots
+            ring.new_pass()
         try:
             inner = super().__iter__()
         except BaseException:
@@ -245,6 +266,23 @@ class _Guarded:
             if not once:
                 return None
         return EpochSums(ds.catalog, _EPS[ds.options.dtype])
+
+
+def _retire(loader, failed) -> None:
+    """Shut down the workers of an iterator whose pass ended in a worker failure (dead, stopped
+    or stalled workers), so the next pass starts new ones instead of waiting on them."""
+    if getattr(loader, "_iterator", None) is failed:
+        loader._iterator = None
+    workers = getattr(failed, "_workers", ())
+    if getattr(failed, "_worker_pids_set", False):  # before any kill: no SIGCHLD error
+        tud._utils.signal_handling._remove_worker_pids(id(failed))
+        failed._worker_pids_set = False
+    for w in workers:
+        if w.is_alive():
+            w.kill()  # stopped or stalled: it would not exit when asked
+    shutdown = getattr(failed, "_shutdown_workers", None)
+    if shutdown is not None:
+        shutdown()
 
 
 class TsFileDataLoader(_Guarded, tud.DataLoader):
@@ -323,12 +361,15 @@ def make_loader(
         if kwargs.get("multiprocessing_context") is None:
             kwargs["multiprocessing_context"] = worker_context()
         kwargs.setdefault("timeout", MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * spec.block_values)
+        ring = RingControl(num_workers)  # Note: ring in tsfile_torch.data.handover
+        kwargs["collate_fn"] = RingCollate(kwargs.get("collate_fn") or tud.default_convert)
         kwargs["worker_init_fn"] = functools.partial(
             _init_worker,
             os.getpid(),
             threading.current_thread() is threading.main_thread(),
             kwargs.get("worker_init_fn"),
             hand_over,
+            ring,
         )
     loader_class = _stateful_loader_class() if stateful else TsFileDataLoader
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
@@ -341,13 +382,20 @@ def make_loader(
             **kwargs,
         )
     loader._spec = spec
+    loader._ring = RingReceiver(ring) if num_workers > 0 else None
     return loader
 
 
 def _init_worker(
-    parent_pid: int, from_main_thread: bool, user_init, hand_over: bool, worker_id: int
+    parent_pid: int,
+    from_main_thread: bool,
+    user_init,
+    hand_over: bool,
+    ring: RingControl,
+    worker_id: int,
 ) -> None:
     start_worker(parent_pid, from_main_thread)
+    WorkerRing.install(ring, worker_id)
     for core in tud.get_worker_info().dataset.loader_spec().cores:  # this worker's copies
         core.hand_over = hand_over  # Note: hand-over
     if user_init is not None:

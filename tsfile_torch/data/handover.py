@@ -1,5 +1,14 @@
 """The one hand-over of worker batches: every array of a batch carved from one buffer.
 
+Note: ring. Under :func:`tsfile_torch.make_loader` that buffer is a slot of the worker's
+:class:`WorkerRing`: a few shared-memory segments created once by the worker, mapped once by
+the main process and reused batch after batch, so a batch travels as a slot number and its
+arrays' layouts (:mod:`tsfile_torch.data.ring`), with no new segment, file descriptor or
+round trip to the worker per batch. A slot is written only when the main process has marked
+it free (every tensor it handed out of it is gone); with no free slot (a consumer that keeps
+batches) the worker takes a new segment, and beyond :data:`RING_SLOTS` slots it falls back to
+a segment per batch, as a plain DataLoader does: it never waits.
+
 In a DataLoader worker a batch travels to the main process through shared memory. Allocating
 its arrays there from the start (as ``default_collate`` does) saves copying them at pickling,
 and carving every array of a batch (values, times, masks, features, ids) from one buffer costs
@@ -14,13 +23,95 @@ worker the arrays are plain numpy arrays. Kept batches go by reference (Note: ha
 from __future__ import annotations
 
 import math
+import mmap
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
-__all__ = ["as_tensor", "batch_array", "batch_arrays"]
+__all__ = ["RING_SLOTS", "WorkerRing", "as_tensor", "batch_array", "batch_arrays", "worker_ring"]
+
+#: Slots per worker ring: a worker's batches in flight (``prefetch_factor``, more when other
+#: workers finish first), the two its consumer may still hold, the one being written.
+RING_SLOTS = 8
+#: slot states: written by the worker (BUSY: taken for a batch) or the main process (FREE: its
+#: batch is gone; DETACHED: the consumer keeps it, make a new segment; HELD: busy, delivered in
+#: an earlier pass of the loader)
+FREE, BUSY, DETACHED, HELD = 0, 1, 2, 3
+
+_ring: WorkerRing | None = None
+
+
+def worker_ring() -> WorkerRing | None:
+    """Return this worker's ring (None outside a make_loader worker)."""
+    return _ring
+
+
+class WorkerRing:
+    """The batch buffers of one DataLoader worker (Note: ring), on the worker's side.
+
+    ``control``: the loader's :class:`~tsfile_torch.data.ring.RingControl` (slot states and
+    generations shared with the main process); ``worker``: this worker's id.
+    """
+
+    def __init__(self, control, worker: int):
+        self.control, self.worker = control, worker
+        self.base = worker * control.slots
+        self.maps: list[tuple[int, mmap.mmap, np.ndarray] | None] = [None] * control.slots
+        self.pending: list[int] = []  # slots taken since the last batch was packed
+        self.eras = [0] * control.slots  # the loader's pass count when each slot was taken
+
+    @staticmethod
+    def install(control, worker: int) -> None:
+        """Give this worker process its ring (the loader's worker_init_fn)."""
+        global _ring
+        _ring = WorkerRing(control, worker)
+
+    def take(self, nbytes: int) -> np.ndarray | None:
+        """Return a free slot's buffer (uint8) of at least ``nbytes``, or None (no slot free)."""
+        states, gens, era = self.control.states, self.control.gens, self.control.era.value
+        renew = None
+        for s, held in enumerate(self.maps):
+            state = states[self.base + s]
+            if state == BUSY and self.eras[s] < era:
+                state = FREE  # taken in an earlier pass and never delivered (a drained batch)
+            if held is not None and state == FREE and len(held[2]) >= nbytes:
+                states[self.base + s] = BUSY
+                self.eras[s] = era
+                self.pending.append(s)
+                return held[2]
+            if renew is None and (held is None or state in (FREE, DETACHED)):
+                renew = s  # never made, given to the consumer, or too small: a new segment
+        if renew is None:
+            return None
+        gen = gens[self.base + renew] + 1
+        size = max(-(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE, mmap.PAGESIZE)
+        segment = self.control.create(self.worker, renew, gen, size)
+        if segment is None:
+            return None
+        self.maps[renew] = (gen, segment, np.frombuffer(segment, dtype=np.uint8))
+        gens[self.base + renew] = gen
+        states[self.base + renew] = BUSY
+        self.eras[renew] = era
+        self.pending.append(renew)
+        return self.maps[renew][2]
+
+    def locate(self, address: int) -> tuple[int, int, int] | None:
+        """Return (slot, generation, offset) of ``address`` in a slot taken for this batch."""
+        for s in self.pending:
+            gen, _, buffer = self.maps[s]
+            start = buffer.__array_interface__["data"][0]
+            if start <= address < start + len(buffer):
+                return s, gen, address - start
+        return None
+
+    def packed(self, used: set[int]) -> None:
+        """A batch was packed: slots taken for it that it does not use are free again."""
+        for s in self.pending:
+            if s not in used:
+                self.control.states[self.base + s] = FREE
+        self.pending = []
 
 
 def batch_arrays(specs: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.ndarray]:
@@ -36,7 +127,9 @@ def batch_arrays(specs: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.
         nbytes = math.prod(shape) * np.dtype(dtype).itemsize
         spans[name] = (total, nbytes)
         total += -(-nbytes // 64) * 64  # every array 64-byte aligned
-    buffer = torch.empty(max(total, 1), dtype=torch.uint8).share_memory_().numpy()
+    buffer = _ring.take(max(total, 1)) if _ring is not None else None
+    if buffer is None:  # no ring (a plain DataLoader) or no slot free: a segment of its own
+        buffer = torch.empty(max(total, 1), dtype=torch.uint8).share_memory_().numpy()
     return {
         name: buffer[lo : lo + nbytes].view(dtype).reshape(shape)
         for (name, (shape, dtype)), (lo, nbytes) in zip(specs.items(), spans.values(), strict=True)
@@ -51,6 +144,9 @@ def batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:
 def as_tensor(array: np.ndarray) -> torch.Tensor:
     """Return ``array`` as a tensor; an array of :func:`batch_arrays` stays a view of its buffer.
 
+    In a ring slot (Note: ring) the tensor wraps the array itself; the packing of the batch
+    (:func:`tsfile_torch.data.ring.pack`) finds it there by its address.
+
     ``torch.from_numpy`` wraps such an array in a new storage that is not shared, and
     DataLoader then copies each such tensor into a new shared-memory segment of its own when a
     worker sends the batch. A view of the shared buffer is sent as a reference to it.
@@ -58,6 +154,8 @@ def as_tensor(array: np.ndarray) -> torch.Tensor:
     base = array.base
     while isinstance(base, np.ndarray):
         base = base.base
+    if isinstance(base, mmap.mmap):  # a ring slot's: wrapped in place
+        return torch.from_numpy(array)
     if not isinstance(base, torch.Tensor) or not base.is_shared():
         return torch.from_numpy(array)
     itemsize = array.itemsize

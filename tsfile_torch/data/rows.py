@@ -25,7 +25,7 @@ import torch
 import torch.utils.data as tud
 
 from tsfile_torch.catalog.build import lay_out
-from tsfile_torch.data.handover import as_tensor, batch_array
+from tsfile_torch.data.handover import as_tensor, batch_arrays
 from tsfile_torch.data.normalize import make_normalizer
 from tsfile_torch.data.view import (
     KeptBatch,
@@ -203,13 +203,15 @@ class _Rows(View):
         rows = np.sort(items)
         if core.kept(0, rows=rows):
             return KeptBatch((items, order))
-        return self._as_batch(*core.take(0, rows))
+        return self._as_batch(*core.take(0, rows, self._out(len(rows))))
 
     def _out(self, n: int):
         """Return the arrays a batch of ``n`` rows is read into (Note: hand-over)."""
-        values = batch_array((n, len(self.catalog.columns)), self.core.dtype)
-        times = batch_array((n,), np.int64) if self.options.return_timestamps else None
-        return values, times
+        specs = {"values": ((n, len(self.catalog.columns)), self.core.dtype)}
+        if self.options.return_timestamps:
+            specs["times"] = ((n,), np.int64)
+        arrays = batch_arrays(specs)  # one buffer: one ring slot
+        return arrays["values"], arrays.get("times")
 
     def serve_kept(self, kept: KeptBatch):
         return self._read_items(*kept.request)

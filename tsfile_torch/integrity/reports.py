@@ -79,6 +79,20 @@ def _dead_workers(workers) -> dict[int, str]:
     return dead
 
 
+def _stopped_workers(workers) -> list[int]:
+    """Return the pids of worker processes stopped by a signal (state ``T`` in /proc)."""
+    stopped = []
+    for w in workers:
+        try:
+            with open(f"/proc/{w.pid}/stat", "rb") as f:
+                state = f.read().rsplit(b")", 1)[1].split()[0]
+        except (OSError, IndexError, TypeError):
+            continue
+        if state in (b"T", b"t"):
+            stopped.append(w.pid)
+    return stopped
+
+
 def explain_worker_failure(
     err: BaseException, slots: ReadSlots | None, workers=(), start_method: str | None = None
 ) -> WorkerError | None:
@@ -109,6 +123,16 @@ def explain_worker_failure(
     pids = {int(p) for p in re.findall(r"\d+", found.group(1))} if found else set()
     named = {p: w for p, w in reads.items() if not pids or p in pids} or reads
     timed_out = "timed out" in message
+    stopped = _stopped_workers(workers) if timed_out else []
+    if stopped:
+        pids = set(stopped)
+        listed = ", ".join(map(str, stopped))
+        message = f"{message.strip()}: DataLoader worker (pid(s) {listed})"
+        message += " is stopped (SIGSTOP / SIGTSTP: a debugger, a job control stop or a signal)"
+        named = {p: w for p, w in reads.items() if p in pids}
+        hint = "resume it (kill -CONT PID) or end it; the loader's workers are restarted next epoch"
+        what = "; ".join(f"worker pid {p} was reading {w}" for p, w in sorted(named.items()))
+        return WorkerError(f"{message}: {what or 'it was not inside a native read'}; {hint}")
     if named:
         what = "; ".join(f"worker pid {p} was reading {w}" for p, w in sorted(named.items()))
         hint = (

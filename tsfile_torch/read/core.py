@@ -100,6 +100,13 @@ class Table:
         return values[rows - rows.min()], times[rows - rows.min()]
 
 
+def _times_into(out: np.ndarray | None, times: np.ndarray) -> np.ndarray:
+    if out is None:
+        return times
+    out[...] = times
+    return out
+
+
 def _no_store(core: ReadingCore) -> None:
     return None
 
@@ -339,18 +346,27 @@ class ReadingCore:
             return values, out[1]
         return values, times
 
-    def take(self, table: int, rows: np.ndarray):
-        """Return rows ``rows`` (sorted) of ``table`` as handed out (store rows when kept)."""
+    def take(self, table: int, rows: np.ndarray, out=None):
+        """Return rows ``rows`` (sorted) of ``table`` as handed out (store rows when kept).
+
+        ``out``: (values, times or None) arrays to return them in, as :meth:`rows` takes.
+        """
         store = self.store()
         if store is not None:
             at = rows + store.offsets[table]
             if store.has_rows(at):
-                return store.values[at], store.times[at]
+                if out is None:
+                    return store.values[at], store.times[at]
+                np.take(store.values, at, axis=0, out=out[0])
+                return out[0], _times_into(out[1], store.times[at])
         values, times = self.tables[table].take(self.reader, rows)
         values = self._finalize(table, values)
         if store is not None:
             store.put_rows(at, values, times)
-        return values, times
+        if out is None:
+            return values, times
+        out[0][...] = values
+        return out[0], _times_into(out[1], times)
 
     def _finalize(self, table: int, values: np.ndarray) -> np.ndarray:
         """Return read values normalized (``normalize=``) in the output dtype.
