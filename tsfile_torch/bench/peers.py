@@ -45,7 +45,9 @@ conversions against that epoch's median. Absolute seconds are printed beside.
 
 from __future__ import annotations
 
+import gc
 import importlib
+import multiprocessing
 import os
 import shutil
 import statistics
@@ -261,11 +263,23 @@ class _HFReader:
 
 
 def _first(items):
-    """Collate one sample per batch: the sample itself, as a tensor."""
+    """Collate one sample per batch: a tensor copy of the sample (the default collate's stack
+    would copy it too, as a (1, rows, columns) tensor)."""
     item = items[0]
     if isinstance(item, dict):
         item = item["x"]
-    return torch.as_tensor(np.asarray(item))
+    return torch.from_numpy(np.array(item))
+
+
+def _shut_down(loader) -> None:
+    """Stop a loader's persistent workers now, off the clock.
+
+    Left to the garbage collector, a loader caught in a reference cycle (LitData's) stops its
+    workers whenever a collection runs: inside the next configuration's timed epoch.
+    """
+    iterator = getattr(loader, "_iterator", None)
+    if iterator is not None and hasattr(iterator, "_shutdown_workers"):
+        iterator._shutdown_workers()
 
 
 def _loader_kwargs(num_workers: int) -> dict:
@@ -314,6 +328,9 @@ def _write_litdata(copies: _Copies, names: list[str]) -> None:
         output_dir=copies.path("litdata"),
         chunk_size=BLOCKS_PER_CHUNK,
         num_workers=1,
+        # fork: the child only serializes the blocks it is handed (spawn would re-run the
+        # caller's __main__, and needs it guarded)
+        start_method="fork" if "fork" in multiprocessing.get_all_start_methods() else None,
         reorder_files=False,
         verbose=False,
     )
@@ -337,7 +354,13 @@ def _write_hf(copies: _Copies, names: list[str]) -> None:
     import pyarrow as pa
 
     table = pa.table({n: copies.matrix[:, j] for j, n in enumerate(names)})
-    datasets.Dataset(table).save_to_disk(copies.path("hf"))
+    shown = datasets.is_progress_bar_enabled()
+    datasets.disable_progress_bars()
+    try:
+        datasets.Dataset(table).save_to_disk(copies.path("hf"))
+    finally:
+        if shown:
+            datasets.enable_progress_bars()
 
 
 WRITERS: dict[str, Callable[[_Copies, list[str]], None]] = {
@@ -497,9 +520,11 @@ def _run(builder: _Builder, cfg: PeerConfig, epochs: int, expected: dict) -> dic
         passes.append(timed_epoch(loader, per_row=cfg.order == "shuffled"))
     want = expected[cfg.order]
     num_rows = builder.num_rows
+    _shut_down(loader)
     del loader
     if close is not None:
         close()
+    gc.collect()
     return {
         "config": cfg.name,
         **asdict(cfg),
