@@ -85,6 +85,7 @@ def _bench_peers(args: argparse.Namespace) -> int:
         epochs=2 if args.quick else 3,
         workers=tuple(args.workers or [0, 2]),
         peers=tuple(args.peer_list or peers.PEERS),
+        hf_shuffled=args.hf_shuffled,
     )
     out = args.out or tempfile.mkdtemp(prefix="tsfile-torch-peers-results-")
     records, summary = peers.run_peer_benchmark(plan, progress=not args.no_progress)
@@ -399,6 +400,12 @@ def build_parser() -> argparse.ArgumentParser:
         nargs="+",
         choices=["tsfile-torch", "numpy", "parquet", "litdata", "streaming", "hf-datasets"],
         help="--peers: the loaders to run (default: all; tsfile-torch is always needed)",
+    )
+    b.add_argument(
+        "--hf-shuffled",
+        action="store_true",
+        help="--peers: run Hugging Face datasets shuffled too (ds.shuffle; minutes an epoch at "
+        "the reference size; default: one batch timed, the epoch estimated)",
     )
     b.add_argument(
         "--out",

@@ -18,7 +18,9 @@ The same matrix (every selected column of the TsFiles, float32), the same batche
 - **hf-datasets**: ``datasets.Dataset`` saved to disk (Arrow, memory-mapped back by
   ``load_from_disk``), 64 float32 columns, batches sliced ``ds[a:b]`` in numpy format (the
   fast way: a ``DataLoader(ds, batch_size=...)`` fetches rows one by one); shuffled:
-  ``ds.shuffle(seed)``, then the same slices.
+  ``ds.shuffle(seed)``, then the same slices, run only with ``hf_shuffled`` (``--hf-shuffled``):
+  each slice gathers its rows through the indices mapping, seconds per batch, minutes an
+  epoch at the reference size; by default one such batch is timed and the epoch estimated.
 
 numpy, parquet and hf-datasets batches go through the same small iterable dataset, which gives
 a worker every ``num_workers``-th batch; every peer runs with 0 and 2 DataLoader workers
@@ -111,6 +113,7 @@ class PeerPlan:
     workers: tuple[int, ...] = (0, 2)
     peers: tuple[str, ...] = tuple(PEERS)
     seed: int = 1234
+    hf_shuffled: bool = False
 
     def __post_init__(self):
         unknown = [p for p in self.peers if p not in PEERS]
@@ -387,13 +390,18 @@ class PeerConfig:
         return f"{head}, {self.order}, workers={self.num_workers}"
 
 
-def peer_configs(peers: Iterable[str], workers: Iterable[int]) -> list[PeerConfig]:
-    """Return every configuration of ``peers``: both orders, each worker count."""
+def peer_configs(
+    peers: Iterable[str], workers: Iterable[int], hf_shuffled: bool = False
+) -> list[PeerConfig]:
+    """Return every configuration of ``peers``: both orders, each worker count (HF datasets
+    shuffled only with ``hf_shuffled``)."""
     configs = []
     for peer in peers:
         variants = ("streaming", "memory", "disk") if peer == "tsfile-torch" else ("",)
         for variant in variants:
             for order in ORDERS:
+                if peer == "hf-datasets" and order == "shuffled" and not hf_shuffled:
+                    continue
                 configs += [PeerConfig(peer, order, w, variant) for w in workers]
     return configs
 
@@ -458,7 +466,10 @@ class _Builder:
             self.copies.path("litdata"), shuffle=cfg.order == "shuffled", seed=self.plan.seed
         )
         loader = litdata.StreamingDataLoader(
-            ds, batch_size=1, num_workers=cfg.num_workers, collate_fn=_first,
+            ds,
+            batch_size=1,
+            num_workers=cfg.num_workers,
+            collate_fn=_first,
             **_loader_kwargs(cfg.num_workers),
         )
         return None, loader, None
@@ -475,7 +486,10 @@ class _Builder:
             batch_size=1,
         )
         loader = tud.DataLoader(
-            ds, batch_size=1, num_workers=cfg.num_workers, collate_fn=_first,
+            ds,
+            batch_size=1,
+            num_workers=cfg.num_workers,
+            collate_fn=_first,
             **_loader_kwargs(cfg.num_workers),
         )
         return None, loader, None
@@ -567,7 +581,7 @@ def run_peer_benchmark(
                 f"{plan.data}: the peers would not read what tsfile-torch reads"
             )
         copies = _Copies(matrix, root, plan.batch_size, read_seconds)
-        conversions = {"numpy": 0.0}
+        conversions = {"numpy": 0.0} if "numpy" in peers else {}
         for peer in peers:
             if peer in WRITERS:
                 start = time.perf_counter()
@@ -580,7 +594,16 @@ def run_peer_benchmark(
         }
         disk_dir = os.path.join(root, "decoded")
         builder = _Builder(plan, paths, copies, disk_dir)
-        configs = peer_configs(peers, plan.workers)
+        configs = peer_configs(peers, plan.workers, plan.hf_shuffled)
+        hf_probe = None
+        if "hf-datasets" in peers and not plan.hf_shuffled:  # one batch, the epoch estimated
+            reader = _HFReader(copies.path("hf"), bs, matrix.shape[0], True, plan.seed)
+            reader.read(0, 0)  # the shuffle itself and the first open, untimed
+            start = time.perf_counter()
+            batch = reader.read(1 % builder.num_batches, 0)
+            seconds = time.perf_counter() - start
+            hf_probe = {"batch_seconds": seconds, "rows": len(batch)}
+            hf_probe["epoch_estimate_seconds"] = seconds * matrix.shape[0] / len(batch)
         if any(c.variant == "disk" for c in configs):  # the entry a later run finds
             fill = PeerConfig("tsfile-torch", "sequential", 0, "disk")
             start = time.perf_counter()
@@ -617,6 +640,8 @@ def run_peer_benchmark(
         "baseline": BASELINE,
         "baseline_later_seconds": base,
         "read_seconds": read_seconds,
+        "hf_shuffled_probe": hf_probe
+        and {**hf_probe, "x_stream0": hf_probe["epoch_estimate_seconds"] / base},
         "conversions": {
             peer: {
                 "seconds": seconds + (read_seconds if peer != "tsfile-torch disk" else 0.0),
@@ -688,8 +713,10 @@ def format_peer_table(records: list[dict], summary: dict) -> str:
     lines += [head, "-" * len(head)]
     for row in rows:
         x = row["x_stream0"]
-        ok = "ok" if row["rows_ok"] and row["checksum_ok"] else (
-            "ROWS MISSING" if not row["rows_ok"] else "VALUES DIFFER"
+        ok = (
+            "ok"
+            if row["rows_ok"] and row["checksum_ok"]
+            else ("ROWS MISSING" if not row["rows_ok"] else "VALUES DIFFER")
         )
         lines.append(
             f"{row['config']:<50} {x['build']:>8.3f} {x['first']:>7.3f} {x['later']:>8.3f} "
@@ -706,6 +733,14 @@ def format_peer_table(records: list[dict], summary: dict) -> str:
         lines.append(
             f"  {peer:<20} {conv['x_stream0']:>8.1f} x stream0  {conv['seconds']:>8.3f} s "
             f"(writer {conv['write_seconds']:.3f} s)"
+        )
+    probe = summary.get("hf_shuffled_probe")
+    if probe:
+        lines.append(
+            f"hf-datasets shuffled (ds.shuffle, then slices; not in the rounds, --hf-shuffled "
+            f"runs it): one batch of {probe['rows']} rows took {probe['batch_seconds']:.3f} s, "
+            f"an epoch ~{probe['epoch_estimate_seconds']:.1f} s = ~{probe['x_stream0']:.0f} x "
+            "stream0"
         )
     verified = sum(1 for r in records if r["rows_ok"] and r["checksum_ok"])
     lines.append(
@@ -726,11 +761,15 @@ def plot_peers(records: list[dict], path: str) -> bool:
 
     rows = summarize(records)
     names = [r["config"] for r in rows]
-    colors = {p: c for p, c in zip(PEERS, plt.rcParams["axes.prop_cycle"].by_key()["color"],
-                                   strict=False)}
+    colors = {
+        p: c for p, c in zip(PEERS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False)
+    }
     fig, ax = plt.subplots(figsize=(10, 0.28 * len(names) + 1.5))
-    ax.barh(range(len(names)), [r["x_stream0"]["later"] for r in rows],
-            color=[colors[r["peer"]] for r in rows])
+    ax.barh(
+        range(len(names)),
+        [r["x_stream0"]["later"] for r in rows],
+        color=[colors[r["peer"]] for r in rows],
+    )
     ax.set_yticks(range(len(names)), names, fontsize=7)
     ax.invert_yaxis()
     ax.set_xscale("log")
