@@ -72,6 +72,31 @@ def _bench_windows(args: argparse.Namespace) -> int:
     return 0 if all(r["checksum_ok"] for r in records) else 1
 
 
+def _bench_peers(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from tsfile_torch.bench import peers
+    from tsfile_torch.bench.reference import reference_data
+
+    plan = peers.PeerPlan(
+        data=args.data or reference_data(args.cache_dir),
+        batch_size=args.batch_size,
+        rounds=args.rounds or (1 if args.quick else 3),
+        epochs=2 if args.quick else 3,
+        workers=tuple(args.workers or [0, 2]),
+        peers=tuple(args.peer_list or peers.PEERS),
+        hf_shuffled=args.hf_shuffled,
+    )
+    out = args.out or tempfile.mkdtemp(prefix="tsfile-torch-peers-results-")
+    records, summary = peers.run_peer_benchmark(plan, progress=not args.no_progress)
+    written = peers.write_peer_results(records, summary, out)
+    print(peers.format_peer_table(records, summary))
+    if "png" not in written:
+        print("no plot: matplotlib is not installed (pip install matplotlib)")
+    print(f"wrote {', '.join(written.values())}")
+    return 0
+
+
 def _bench(args: argparse.Namespace) -> int:
     from tsfile_torch.bench import reference as bench
     from tsfile_torch.bench.harness import write_json
@@ -83,6 +108,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _scale(args)
     if args.windows:
         return _bench_windows(args)
+    if args.peers:
+        return _bench_peers(args)
     args.workers = args.workers or [0, 1, 2]
     data = args.data or bench.reference_data(args.cache_dir)
     if args.quick:
@@ -359,6 +386,31 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="forecasting-window benchmark on a generated panel (64 devices x 8 fields x "
         "200,000 rows; --data: a panel directory) beside TsFileDataFrame and in-memory numpy",
+    )
+    b.add_argument(
+        "--peers",
+        action="store_true",
+        help="beside the loaders a user would pick instead (LitData, MosaicML Streaming, "
+        "Hugging Face datasets, Parquet with pyarrow, numpy in memory; those installed: "
+        'pip install "tsfile-torch[peers]"): conversion, first and later epochs, 0 and 2 '
+        "workers, as ratios to tsfile-torch streaming with 0 workers",
+    )
+    b.add_argument(
+        "--peer-list",
+        nargs="+",
+        choices=["tsfile-torch", "numpy", "parquet", "litdata", "streaming", "hf-datasets"],
+        help="--peers: the loaders to run (default: all; tsfile-torch is always needed)",
+    )
+    b.add_argument(
+        "--hf-shuffled",
+        action="store_true",
+        help="--peers: run Hugging Face datasets shuffled too (ds.shuffle; minutes an epoch at "
+        "the reference size; default: one batch timed, the epoch estimated)",
+    )
+    b.add_argument(
+        "--out",
+        help="--peers: directory for peers.txt, peers.jsonl and peers.png "
+        "(default: a new temporary directory)",
     )
     b.add_argument("--json", help="write one JSON record per configuration and round")
     b.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
