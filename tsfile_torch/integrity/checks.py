@@ -429,7 +429,8 @@ class KeptRowsCheck:
         if len(wrong):
             c = int(wrong[0])
             return (
-                f"column {self._names[table][c]}: values in [{float(low[c])!r}, {float(high[c])!r}], outside the "
-                f"series' [{float(bounds[0][c])!r}, {float(bounds[1][c])!r}]"
+                f"column {self._names[table][c]}: values in [{float(low[c])!r}, "
+                f"{float(high[c])!r}], outside the series' "
+                f"[{float(bounds[0][c])!r}, {float(bounds[1][c])!r}]"
             )
         return None
