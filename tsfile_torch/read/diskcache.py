@@ -29,17 +29,17 @@ epochs, later runs, other jobs on the machine) shares one decoded copy through t
   pages and flag pages reach the disk in no fixed order, so a crash could have kept flags
   without their data.
 - **Checks** (Note: checked blocks, :class:`BlockSeals`): rows are served only from sealed
-  blocks (``check_rows`` = :data:`CHECK_ROWS` rows of one table) whose crc32 of values,
-  timestamps and flags (started from the key and the block number) and whose statistics
-  checks (timestamps increasing and inside the series' range; values inside [min, max]; the
-  checks fresh decodes get, :class:`~tsfile_torch.integrity.checks.KeptRowsCheck`) this process
-  verified, once per process and block. A mismatch warns once per process and entry
-  (:class:`~tsfile_torch.errors.CacheMismatchWarning`, naming the entry file) and the block is
-  decoded from the TsFile again and rewritten. Cost: crc32 runs at ~5.9 GB/s and the min / max
-  at ~3.7 GB/s here, once per block and process (a 4 MiB batch of the reference workload:
-  ~1.8 ms in the first epoch of each process, nothing in later epochs); what it cannot catch:
-  with ``check_statistics=False``, a ``filled`` flag set on rows never written, in a block that
-  a later put completes, is sealed over what those rows hold.
+  blocks (``check_rows`` = :data:`CHECK_ROWS` rows of one table): a block passes the
+  statistics checks fresh decodes get (timestamps increasing and inside the series' range,
+  values inside [min, max]: :class:`~tsfile_torch.integrity.checks.KeptRowsCheck`) before it is
+  sealed with a crc32 of its values, timestamps and flags (started from the key and the block
+  number), and each process verifies that crc once per block before serving it. A mismatch
+  warns once per process and entry (:class:`~tsfile_torch.errors.CacheMismatchWarning`, naming
+  the entry file) and the block is decoded from the TsFile again and rewritten. Cost: crc32
+  runs at ~5.9 GB/s here, once per block and process (the statistics once per block, when it
+  is sealed); nothing in later epochs of a process. What it cannot catch: with
+  ``check_statistics=False``, a ``filled`` flag set on rows never written, in a block that a
+  later put completes, is sealed over what those rows hold.
 - **Bound**: before an entry is created, the least recently used entries (by mtime: an open
   touches it) are deleted until it fits in ``cache_limit`` bytes (the same number bounds the
   remote copies, separately, with the same eviction:
@@ -93,8 +93,9 @@ _PAGE = 4096
 _SUFFIX = ".tsc"
 #: Rows per checked block (Note: checked blocks) when the reader decodes more at once.
 CHECK_ROWS = 8192
-#: High half of a block's seal word once its checksum is written (the low half).
-_SEALED = 0x7C5EA1ED
+#: High half of a block's seal word once its checksum is written (the low half), after the
+#: statistics checks passed (or, unchecked, by a process with ``check_statistics=False``).
+_SEALED, _SEALED_UNCHECKED = 0x7C5EA1ED, 0x7C5EA1EC
 _warned: set[str] = set()
 
 
@@ -318,10 +319,11 @@ class BlockSeals:
       its crc and writes the seal word after the data and flags it covers (one aligned 8-byte
       store). Two processes completing a block at once see the same bytes and write the same
       word.
-    - **Serving**: a row is served only from a sealed block whose crc and checks this process
-      verified (once per process and block, remembered: later reads test one flag). Flags
-      without a seal are never trusted: those rows are decoded again (and a complete block
-      is then sealed).
+    - **Serving**: a row is served only from a sealed block whose crc this process verified
+      (once per process and block, remembered: later reads test one flag). The crc proves the
+      bytes are those the sealer checked, so the statistics checks run again only on a block
+      sealed unchecked (by a process with ``check_statistics=False``). Flags without a seal
+      are never trusted: those rows are decoded again (and a complete block is then sealed).
     - **Mismatch**: a crc or a check that fails is one warning per process and entry naming
       the entry file and what was wrong; the block's seal and flags are cleared, so its rows
       are decoded from the TsFile again and rewritten (a read-only entry: decoded every time
@@ -370,13 +372,15 @@ class BlockSeals:
         for b in found:
             b = int(b)
             lo, hi = int(self.starts[b]), int(self.starts[b + 1])
-            if self._ok[b] or self.seals[b] >> 32 == _SEALED or not self.filled[lo:hi].all():
+            sealed = int(self.seals[b]) >> 32 in (_SEALED, _SEALED_UNCHECKED)
+            if self._ok[b] or sealed or not self.filled[lo:hi].all():
                 continue  # verified, sealed by another process (verified when read), or partial
             problem = self._problem(b, lo, hi)
             if problem is not None:
                 self._mismatch(b, lo, hi, problem)
                 continue
-            self.seals[b] = (_SEALED << 32) | self._crc(b, lo, hi)
+            mark = _SEALED if self.check is not None else _SEALED_UNCHECKED
+            self.seals[b] = (mark << 32) | self._crc(b, lo, hi)
             self._ok[b] = True
 
     def _crc(self, b: int, lo: int, hi: int) -> int:
@@ -396,7 +400,7 @@ class BlockSeals:
         if self._bad[b]:
             return False
         word = int(self.seals[b])
-        if word >> 32 != _SEALED:
+        if word >> 32 not in (_SEALED, _SEALED_UNCHECKED):
             return False  # not sealed: its rows are decoded (Note: checked blocks)
         lo, hi = int(self.starts[b]), int(self.starts[b + 1])
         problem = None
@@ -404,7 +408,7 @@ class BlockSeals:
             problem = "sealed with rows not filled"
         elif self._crc(b, lo, hi) != word & 0xFFFFFFFF:
             problem = "checksum mismatch (its values, timestamps or flags changed after written)"
-        else:
+        elif word >> 32 == _SEALED_UNCHECKED:  # sealed by a process without the checks
             problem = self._problem(b, lo, hi)
         if problem is not None:
             self._mismatch(b, lo, hi, problem)
