@@ -339,6 +339,7 @@ class BlockSeals:
         self.check = check
         self._key_crc = zlib.crc32(key.encode())
         self._ok = np.zeros(len(seals), dtype=bool)  # verified in this process
+        self._num_ok = 0  # == len(seals): every block verified, reads skip the lookup
         self._bad = np.zeros(len(seals), dtype=bool)  # mismatched, cannot be cleared
         self._warned = False
         self.table_starts: np.ndarray | None = None  # set by the store: its tables' offsets
@@ -350,6 +351,8 @@ class BlockSeals:
 
     def ready(self, b0: int, b1: int) -> bool:
         """Return True if blocks ``[b0, b1)`` are sealed and verified (verifying them now)."""
+        if self._num_ok == len(self._ok):
+            return True
         ok = self._ok[b0:b1]
         if ok.all():
             return True
@@ -357,7 +360,7 @@ class BlockSeals:
 
     def ready_rows(self, rows: np.ndarray) -> bool:
         """Return True if the blocks of store rows ``rows`` are sealed and verified."""
-        if not len(rows):
+        if not len(rows) or self._num_ok == len(self._ok):
             return True
         found = np.unique(np.searchsorted(self.starts, rows, side="right") - 1)
         ok = self._ok[found]
@@ -381,7 +384,7 @@ class BlockSeals:
                 continue
             mark = _SEALED if self.check is not None else _SEALED_UNCHECKED
             self.seals[b] = (mark << 32) | self._crc(b, lo, hi)
-            self._ok[b] = True
+            self._verified(b)
 
     def _crc(self, b: int, lo: int, hi: int) -> int:
         crc = zlib.crc32(struct.pack("<Q", b), self._key_crc)
@@ -413,8 +416,13 @@ class BlockSeals:
         if problem is not None:
             self._mismatch(b, lo, hi, problem)
             return False
-        self._ok[b] = True
+        self._verified(b)
         return True
+
+    def _verified(self, b: int) -> None:
+        if not self._ok[b]:
+            self._ok[b] = True
+            self._num_ok += 1
 
     def _mismatch(self, b: int, lo: int, hi: int, problem: str) -> None:
         table = int(np.searchsorted(self.table_starts, lo, side="right")) - 1
