@@ -38,6 +38,7 @@ import os
 import platform
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import time
@@ -134,6 +135,19 @@ def corpus() -> list[Case]:
     add("getitems-empty", "argument", kinds=("windows",), expect="exact", args={"arg": "getitems"})
     add("numpy-int64-arguments", "argument", workers=(2,), expect="exact", args={"arg": "numpy"})
     add("num_workers=-1", "argument", expect="clear", args={"arg": "num_workers"})
+    for damage in ("value-exponent", "value-low-mantissa", "timestamp"):
+        add(
+            f"disk-cache-{damage}", "cache", workers=(0, 2), expect="exact", args={"damage": damage}
+        )
+    for damage in ("flags-on-unwritten-rows", "other-entrys-data"):
+        add(
+            f"disk-cache-{damage}",
+            "cache",
+            ("rows",),
+            (0, 2),
+            expect="exact",
+            args={"damage": damage},
+        )
     for manifest in (False, True):
         label = "+manifest" if manifest else ""
         add(
@@ -589,6 +603,82 @@ def scenario_skip(case: Case, data: Path, work: Path) -> dict:
     if any(".d3" in str(n) for n in names):
         raise Wrong(f"the damaged file's columns are read: {names}")
     return {"rows": rows, "detail": f"skipped {bad.name}"}
+
+
+def _entry_arrays(path: Path):
+    """Return writable views of a decoded-cache entry's flags, timestamps and values (the
+    layout read from its header, before and after checked blocks)."""
+    import numpy as np
+
+    with open(path, "rb") as fh:
+        meta_len, key_len = struct.unpack("<II", fh.read(16)[8:16])
+        meta = json.loads(fh.read(meta_len))
+        key = json.loads(fh.read(key_len))
+
+    def up(n):
+        return -(-n // 4096) * 4096
+
+    rows, columns, dtype = meta["rows"], meta["columns"], np.dtype(meta["dtype"])
+    at = up(16 + meta_len + key_len)
+    flags_at, at = at, at + up(rows)
+    if "check_rows" in meta:  # one seal word per block of each table
+        step = meta["check_rows"]
+        at += up(8 * sum(-(-n // step) for _, n in key["tables"]))
+    times_at, values_at = at, at + up(rows * 8)
+    mm = np.memmap(path, np.uint8, "r+")
+    flags = mm[flags_at : flags_at + rows].view(np.bool_)
+    times = mm[times_at : times_at + rows * 8].view(np.int64)
+    values = mm[values_at : values_at + rows * columns * dtype.itemsize].view(dtype)
+    return flags, times, values.reshape(rows, columns)
+
+
+def scenario_cache(case: Case, data: Path, work: Path) -> dict:
+    """Fill a decoded disk-cache entry, change it on disk, read through a new dataset."""
+    import warnings
+
+    import numpy as np
+
+    from tsfile_torch.read import diskcache
+
+    damage = case.args["damage"]
+    path = _copy(data / "base/part000.tsfile", work)
+
+    def build(cache_dir, **kw):
+        options = {"cache": "disk", "cache_dir": str(work / cache_dir)}
+        return _dataset(case.kind, str(path), options=options, **kw)
+
+    def entry(cache_dir):
+        (e,) = diskcache.entries(diskcache.decoded_dir(str(work / cache_dir)))
+        return e.path
+
+    judge = Judge(data / "truth.npz", "base")
+    if damage == "flags-on-unwritten-rows":
+        build("dc")[0]  # the first batch only
+        flags, _, _ = _entry_arrays(entry("dc"))
+        flags[:] = True
+    elif damage == "other-entrys-data":
+        mine, other = (
+            build("dc", columns=["t.d0.s0", "t.d0.s1"]),
+            build("other", columns=["t.d0.s2", "t.d0.s3"]),
+        )
+        read_all(mine, case.kind, judge, 0)
+        read_all(other, case.kind, judge, 0)
+        header = open(entry("dc"), "rb").read(4096)
+        shutil.copyfile(entry("other"), entry("dc"))
+        with open(entry("dc"), "r+b") as fh:
+            fh.write(header)
+    else:
+        read_all(build("dc"), case.kind, judge, case.workers)
+        flags, times, values = _entry_arrays(entry("dc"))
+        row = len(times) // 2 + 7
+        if damage == "timestamp":
+            times[row : row + 1].view(np.uint8)[1] ^= 0x18
+        else:  # float64: byte 7 holds the sign and exponent, byte 0 the lowest mantissa bits
+            values[row, 1:2].view(np.uint8)[7 if damage == "value-exponent" else 0] ^= 0x40
+    kw = {"columns": ["t.d0.s0", "t.d0.s1"]} if damage == "other-entrys-data" else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the CacheMismatchWarning naming the entry
+        return {"rows": read_all(build("dc", **kw), case.kind, judge, case.workers, epochs=2)}
 
 
 SCENARIOS = {

@@ -403,7 +403,8 @@ def test_cache_dir_defaults_under_xdg_cache_home(monkeypatch, tmp_path):
 def test_an_entry_of_a_long_key_is_found_again(tmp_path):
     key = diskcache.fingerprint({"columns": [f"table.device{i}.field" for i in range(2000)]})
     store = diskcache.open_store([3, 4], 2, np.float32, key, str(tmp_path), 2**30)
-    store.put(1, 1, np.ones((2, 2), np.float32), np.array([5, 6]))
+    store.put(1, 0, np.ones((4, 2), np.float32), np.array([4, 5, 6, 7]))  # one whole block
+    store.put(0, 1, np.ones((2, 2), np.float32), np.array([5, 6]))  # part of one: not sealed
     again = diskcache.open_store([3, 4], 2, np.float32, key, str(tmp_path), 2**30)
-    assert again.has(1, 1, 3) and not again.has(1, 0, 3)
+    assert again.has(1, 1, 3) and not again.has(0, 1, 3)
     np.testing.assert_array_equal(again.get(1, 1, 3)[1], [5, 6])

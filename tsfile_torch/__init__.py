@@ -28,6 +28,7 @@ _PUBLIC = {
     "collate_windows": "tsfile_torch.data.windows",
     "Normalizer": "tsfile_torch.data.normalize",
     "DeviceNormalizer": "tsfile_torch.data.normalize",
+    "CacheMismatchWarning": "tsfile_torch.errors",
     "MappingError": "tsfile_torch.errors",
     "RemoteError": "tsfile_torch.errors",
     "SchemaError": "tsfile_torch.errors",

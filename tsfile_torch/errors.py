@@ -17,6 +17,7 @@ __all__ = [
     "SchemaError",
     "RemoteError",
     "WorkerError",
+    "CacheMismatchWarning",
     "FileProblem",
     "warn_caller",
 ]
@@ -44,6 +45,14 @@ class RemoteError(TsFileFormatError):
 
 class WorkerError(TsFileTorchError):
     """A DataLoader worker died or stalled; the message names the file and rows it was reading."""
+
+
+class CacheMismatchWarning(UserWarning):
+    """A block of the decoded disk cache failed its checksum or checks: it was decoded again.
+
+    The message names the cache entry file (the TsFile is not at fault). Turn it into an error
+    with ``warnings.simplefilter("error", CacheMismatchWarning)``.
+    """
 
 
 #: What to do about a file found damaged while a dataset reads it: the end of every such message.

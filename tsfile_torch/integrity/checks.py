@@ -18,6 +18,12 @@ Two checks, both called by the reader around each native read (Note: integrity h
   counted once, when it is first decoded. A mismatch is a
   :class:`TsFileFormatError` naming the file, the series and the rows.
 
+- :class:`KeptRowsCheck` on blocks of the decoded disk cache, before a block is sealed and when
+  a process first serves it (Note: checked blocks, :mod:`tsfile_torch.read.diskcache`): the
+  same timestamps checks per table (strictly increasing, inside the time range of the table's
+  series) and, for positional tables, every value inside its column's [min, max] as handed out
+  (normalized, in the output dtype). A failure there blames the cache entry, not the TsFile.
+
 - :class:`EpochSums` in the main process, over the batches a loader hands out: when one epoch
   delivered every row exactly once, each column's sum must match the sum of its series'
   statistics. Order-independent, so it covers what DataLoader workers decoded (each worker sees
@@ -47,7 +53,14 @@ from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["CELL_ROWS", "CellSums", "EpochSums", "StatisticsCheck", "check_group_sums"]
+__all__ = [
+    "CELL_ROWS",
+    "CellSums",
+    "EpochSums",
+    "KeptRowsCheck",
+    "StatisticsCheck",
+    "check_group_sums",
+]
 
 
 #: Rows per cell of :class:`CellSums` (the timeline index's stride).
@@ -351,3 +364,73 @@ class EpochSums:
                     f"`tsfile-torch verify`"
                 )
         return True
+
+
+class KeptRowsCheck:
+    """The statistics checks of decoded blocks, for rows kept by the disk cache (Note: checked
+    blocks): what the rows of a table as handed out must satisfy.
+
+    Args:
+        catalog: the catalog the tables' columns index.
+        tables: ``(columns, positional)`` of each table; an aligned table (not positional) holds
+            fill values, so only its timestamps are checked.
+        dtype: dtype of the kept values.
+        normalize: ``normalize(values, table)`` as the values were normalized (an affine map
+            per column: bounds map to bounds), or None.
+    """
+
+    def __init__(self, catalog: Catalog, tables, dtype, normalize=None):
+        self.dtype = np.dtype(dtype)
+        self._times, self._bounds, self._names = [], [], []
+        eps = float(np.finfo(self.dtype).eps)
+        for k, (columns, positional) in enumerate(tables):
+            shards = [s for c in columns for s in catalog.columns[c].shards]
+            self._names.append([catalog.columns[c].name for c in columns])
+            self._times.append(
+                (min(s.start_time for s in shards), max(s.end_time for s in shards))
+                if shards
+                else None
+            )
+            if not positional:
+                self._bounds.append(None)
+                continue
+            cols = [catalog.columns[c] for c in columns]
+            low = np.array([-np.inf if c.min is None else c.min for c in cols], np.float64)
+            high = np.array([np.inf if c.max is None else c.max for c in cols], np.float64)
+            if normalize is not None:
+                with np.errstate(invalid="ignore", over="ignore"):
+                    both = np.asarray(normalize(np.stack([low, high]), k), dtype=np.float64)
+                low, high = np.fmin(both[0], both[1]), np.fmax(both[0], both[1])
+            # rounding to the kept dtype, with a few ulps to spare
+            margin = 4 * eps * np.fmax(np.abs(low), np.abs(high))
+            margin = np.where(np.isfinite(margin), margin, 0.0)
+            self._bounds.append((low - margin, high + margin))
+
+    def problem(self, table: int, start: int, times: np.ndarray, values: np.ndarray):
+        """Return what is wrong with kept rows ``[start, start + n)`` of ``table``, else None."""
+        n = len(times)
+        if n == 0:
+            return None
+        if n > 1 and not bool(np.all(times[1:] > times[:-1])):
+            bad = int(np.flatnonzero(times[1:] <= times[:-1])[0])
+            return f"timestamps not increasing at row {start + bad + 1}"
+        span = self._times[table]
+        if span is not None and (times[0] < span[0] or times[-1] > span[1]):
+            return (
+                f"timestamps [{int(times[0])}, {int(times[-1])}] outside the series' time "
+                f"range [{span[0]}, {span[1]}]"
+            )
+        bounds = self._bounds[table]
+        if bounds is None:
+            return None
+        low = np.fmin.reduce(values, axis=0)  # NaN (nulls) ignored
+        high = np.fmax.reduce(values, axis=0)
+        wrong = np.flatnonzero((low < bounds[0]) | (high > bounds[1]))
+        if len(wrong):
+            c = int(wrong[0])
+            return (
+                f"column {self._names[table][c]}: values in [{float(low[c])!r}, "
+                f"{float(high[c])!r}], outside the series' "
+                f"[{float(bounds[0][c])!r}, {float(bounds[1][c])!r}]"
+            )
+        return None

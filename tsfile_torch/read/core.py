@@ -46,7 +46,7 @@ from tsfile_torch.catalog.build import (
     read_metadata,
 )
 from tsfile_torch.errors import warn_caller
-from tsfile_torch.integrity.checks import CELL_ROWS, CellSums
+from tsfile_torch.integrity.checks import CELL_ROWS, CellSums, KeptRowsCheck
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.screen import leave_out, screen_sources
 from tsfile_torch.native.backend import check_backend
@@ -126,8 +126,22 @@ def _disk_store(core: ReadingCore) -> MemoryStore | None:
         o.cache_dir,
         o.cache_limit,
         quiet,
+        kept_check(core) if o.check_statistics else None,
     )
     return store or None
+
+
+def kept_check(core: ReadingCore) -> Callable:
+    """Return the statistics checks of kept blocks of the core's tables (Note: checked
+    blocks), as ``check(table, start, times, values) -> problem or None``."""
+    normalize = None
+    if core.normalizer is not None:
+
+        def normalize(values, table):
+            return core.normalizer(values, core._names[table])
+
+    tables = [(t.columns, t.alignment is None) for t in core.tables]
+    return KeptRowsCheck(core.catalog, tables, core.dtype, normalize).problem
 
 
 #: ``cache=`` name -> the store a process keeps rows in (None: nothing kept).
@@ -564,7 +578,7 @@ def cache_key(core: ReadingCore) -> str | None:
     o = core.options
     return diskcache.fingerprint(
         {
-            "format": 1,
+            "format": 2,  # 2: checked blocks (Note: checked blocks)
             "files": files,
             "names": [info.name for info in core.catalog.files],
             "columns": core.catalog.column_names,

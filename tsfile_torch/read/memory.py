@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["MemoryStore"]
+__all__ = ["MemoryStore", "fence"]
 
 _FENCE = threading.Lock()
 
 
-def _fence() -> None:
+def fence() -> None:
     """Order the stores before it before the stores after it, as other processes see them.
 
     Acquiring and releasing a mutex is a full memory barrier; on x86 stores are seen in
@@ -43,6 +43,10 @@ class MemoryStore:
             new arrays in this process's memory.
         backing: what ``arrays`` live in (kept open as long as the store).
         writable: ``False``: rows already kept are served, :meth:`put` keeps nothing.
+        seals: the disk cache's checked blocks
+            (:class:`~tsfile_torch.read.diskcache.BlockSeals`): rows are kept once their block
+            is sealed and verified in this process, not when their flags are set (Note:
+            checked blocks); ``None``: the flags decide (memory of this process only).
     """
 
     def __init__(
@@ -53,6 +57,7 @@ class MemoryStore:
         arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
         backing=None,
         writable: bool = True,
+        seals=None,
     ):
         self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         total = int(self.offsets[-1])
@@ -65,6 +70,9 @@ class MemoryStore:
         self.values, self.times, self.filled = arrays
         self.backing = backing
         self.writable = writable
+        self.seals = seals
+        if seals is not None:
+            seals.table_starts = self.offsets
         self._whole = np.zeros(len(sizes), dtype=bool)  # tables known to be kept entirely
 
     @property
@@ -75,14 +83,19 @@ class MemoryStore:
         """Return True if rows ``[start, stop)`` of ``table`` are kept."""
         if self._whole[table]:
             return True
-        base = self.offsets[table]
+        base = int(self.offsets[table])
+        if self.seals is not None:
+            return self.seals.ready(*self.seals.blocks(base + start, base + stop))
         return bool(self.filled[base + start : base + stop].all())
 
     def has_whole(self, table: int) -> bool:
         """Return True if every row of ``table`` is kept (remembered once found)."""
         if not self._whole[table]:
-            lo, hi = self.offsets[table], self.offsets[table + 1]
-            self._whole[table] = bool(self.filled[lo:hi].all())
+            lo, hi = int(self.offsets[table]), int(self.offsets[table + 1])
+            if self.seals is not None:
+                self._whole[table] = lo == hi or self.seals.ready(*self.seals.blocks(lo, hi))
+            else:
+                self._whole[table] = bool(self.filled[lo:hi].all())
         return bool(self._whole[table])
 
     def known_whole(self) -> bool:
@@ -101,17 +114,23 @@ class MemoryStore:
 
     def has_rows(self, rows: np.ndarray) -> bool:
         """Return True if the store rows ``rows`` (positions in the one array) are kept."""
+        if self.seals is not None:
+            return self.seals.ready_rows(rows)
         return bool(self.filled[rows].all())
 
     def put_rows(self, rows, values: np.ndarray, times: np.ndarray) -> None:
         """Keep ``values`` / ``times`` as the store rows ``rows`` (a slice or positions).
 
-        Values first, flags last (Note: decoded disk cache): a reader in another process
-        trusts a row once its flag is set.
+        Values first, flags last (Note: decoded disk cache), then the seals of the blocks
+        this left complete (Note: checked blocks): a reader in another process trusts a row
+        once its block is sealed (the flags alone in this process's memory).
         """
         if not self.writable:
             return
         self.values[rows] = values
         self.times[rows] = times
-        _fence()
+        fence()
         self.filled[rows] = True
+        if self.seals is not None:
+            fence()
+            self.seals.sealed_after(rows)

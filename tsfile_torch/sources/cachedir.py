@@ -22,17 +22,23 @@ logger = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def file_lock(path: str) -> Iterator[None]:
+def file_lock(path: str, blocking: bool = True) -> Iterator[bool]:
     """Hold an exclusive ``fcntl`` lock on ``path`` (created if absent) across processes.
 
-    The kernel releases it when the process dies: no stale lock files to clean up.
+    The kernel releases it when the process dies: no stale lock files to clean up. Yields
+    True once held; with ``blocking=False`` it does not wait and yields False when another
+    open file holds it (in this process too: ``flock`` locks belong to an open file).
     """
     import fcntl
 
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+        except BlockingIOError:
+            yield False
+            return
+        yield True
     finally:
         os.close(fd)  # closing releases the lock
 
