@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tsfile_torch.errors import shared_memory
 from tsfile_torch.pids import alive
 
 __all__ = [
@@ -91,7 +92,7 @@ class SharedInt:
     """
 
     def __init__(self, value: int):
-        self._raw = sharedctypes.RawValue("q", value)
+        self._raw = shared_memory(sharedctypes.RawValue, "q", value, what="the epoch word")
 
     @property
     def value(self) -> int:
