@@ -94,7 +94,10 @@ WINDOW_CHANGES = {
         "horizon=8, this one horizon=16",
     ),
     "min_context": ({"min_context": 12}, "min_context=None, this one min_context=12"),
-    "targets": ({"targets": ["s1"]}, r"targets=\['s0', 's1', 's2', 's3'\], this one targets=\['s1'\]"),
+    "targets": (
+        {"targets": ["s1"]},
+        r"targets=\['s0', 's1', 's2', 's3'\], this one targets=\['s1'\]",
+    ),
     "other values": ({"sources": "values"}, "other file contents"),
 }
 

@@ -87,6 +87,7 @@ class CellSums:
             self.groups, self.cell_start, self.sum_start = [], {}, {}
             n_cells = n_sums = 0
         self.shared = True
+
         def make(code: str, size: int):
             what = "the statistics sum checks (check_statistics=)"
             return shared_memory(sharedctypes.RawArray, code, size, what=what)

@@ -211,7 +211,9 @@ def check_state(saved: Any, identity: dict, owner: str) -> PassPoint:
         )
     keys = [EPOCH, POSITION, *identity]
     if not set(keys) <= set(saved):
-        raise ValueError(f"a state_dict of {owner} needs the keys {sorted(keys)}; got {sorted(saved)}")
+        raise ValueError(
+            f"a state_dict of {owner} needs the keys {sorted(keys)}; got {sorted(saved)}"
+        )
     for key in sorted(identity, key=lambda k: k != DATA):
         mine, theirs = identity[key], saved[key]
         if key == DATA and _plain(theirs) != _plain(mine):
