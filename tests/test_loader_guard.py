@@ -24,32 +24,41 @@ def test_dataloader_with_a_batch_size_over_a_batch_dataset_names_the_fix(small_d
         assert tuple(ds[0].shape) == (1000, len(ds.columns))
 
 
-def test_two_loaders_started_at_once_from_two_threads_never_share_a_dataset(small_dir):
-    """One gets every row exactly once, the other a clear error; none a mixed epoch."""
+@pytest.mark.parametrize("cls", [TsFileIterableDataset, TsFileDataset])
+def test_two_loaders_started_at_once_from_two_threads_never_share_a_dataset(
+    small_dir, small_expected, cls
+):
+    """One gets every row exactly once with its exact values, the other the documented error;
+    none a mixed epoch (3 rounds, each on a new dataset object)."""
     import threading
 
     import numpy as np
 
     from tsfile_torch.errors import TsFileTorchError
 
-    ds = TsFileIterableDataset(small_dir, batch_size=500, return_timestamps=True)
-    go = threading.Barrier(2)
-    results: dict[int, object] = {}
+    for _ in range(3):
+        ds = cls(small_dir, batch_size=500, return_timestamps=True, dtype="float64")
+        go = threading.Barrier(2)
+        results: dict[int, object] = {}
 
-    def run(k):
-        loader = make_loader(ds, num_workers=2)
-        go.wait()
-        try:
-            results[k] = sorted(int(t) for _, times in loader for t in times)
-        except TsFileTorchError as err:
-            results[k] = err
+        def run(k, ds=ds, go=go, results=results):
+            loader = make_loader(ds, num_workers=2)
+            go.wait()
+            try:
+                results[k] = [(v.numpy().copy(), t.numpy().copy()) for v, t in loader]
+            except TsFileTorchError as err:
+                results[k] = err
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
-    errors = [r for r in results.values() if isinstance(r, TsFileTorchError)]
-    rows = [r for r in results.values() if not isinstance(r, TsFileTorchError)]
-    assert len(errors) == 1 and "already being iterated" in str(errors[0])
-    assert len(rows) == 1 and rows[0] == np.arange(5000).tolist()
+        threads = [threading.Thread(target=run, args=(k,)) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=300)
+        errors = [r for r in results.values() if isinstance(r, TsFileTorchError)]
+        batches = [r for r in results.values() if not isinstance(r, TsFileTorchError)]
+        assert len(errors) == 1 and "already being iterated by another loader" in str(errors[0])
+        assert len(batches) == 1
+        times = np.concatenate([t for _, t in batches[0]])
+        values = np.concatenate([v for v, _ in batches[0]])
+        assert np.array_equal(np.sort(times), np.arange(5000))  # every row once
+        assert np.array_equal(values[np.argsort(times)], small_expected)

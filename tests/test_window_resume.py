@@ -258,7 +258,7 @@ def test_a_sampler_state_saved_after_a_pass_ran_out_resumes_with_the_next_epoch(
     [
         ({"seed": 1}, r"saved with order=.*'seed': 2.*this one has order=.*'seed': 1"),
         ({"shuffle_blocks": 3}, r"saved with order=.*'shuffle_blocks': 2.*'shuffle_blocks': 3"),
-        ({"stride": 4}, "saved with layout="),
+        ({"stride": 4}, "other windows settings: saved with stride=3, this one stride=4"),
         ({"batch_size": 8}, r"saved with layout=\[.*, 10\], this one has layout=\[.*, 8\]"),
     ],
 )

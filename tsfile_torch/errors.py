@@ -5,6 +5,7 @@ Every error names the file, column or argument at fault, the rule that was broke
 
 from __future__ import annotations
 
+import errno
 import sys
 import warnings
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ __all__ = [
     "WorkerError",
     "CacheMismatchWarning",
     "FileProblem",
+    "shared_memory",
     "warn_caller",
 ]
 
@@ -97,3 +99,32 @@ def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     while frame is not None and frame.f_globals.get("__name__", "").startswith("tsfile_torch"):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def shared_memory(make, *args, what: str):
+    """Return ``make(*args)``: a ``multiprocessing.sharedctypes`` array or value for ``what``.
+
+    Shared memory is a file (in ``/dev/shm``, else the temporary directory) that
+    multiprocessing extends to its size, so a process file-size limit (``ulimit -f``,
+    ``RLIMIT_FSIZE``) smaller than it stops a dataset build with a bare ``[Errno 27] File too
+    large``: that is a :class:`TsFileTorchError` saying which limit and what to do.
+    """
+    try:
+        return make(*args)
+    except OSError as err:
+        if err.errno != errno.EFBIG:
+            raise
+        try:
+            import resource
+
+            soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+            limit = "unlimited" if soft == resource.RLIM_INFINITY else f"{soft} bytes"
+        except (ImportError, OSError, ValueError):
+            limit = "unknown"
+        raise TsFileTorchError(
+            f"cannot create the shared memory for {what}: this process's file-size limit "
+            f"(RLIMIT_FSIZE, `ulimit -f`; now {limit}) is smaller than the file that "
+            f"multiprocessing backs it with; raise the limit (`ulimit -f unlimited`, or "
+            f"resource.setrlimit(resource.RLIMIT_FSIZE, ...) in the launcher) [errno "
+            f"{err.errno}]"
+        ) from err

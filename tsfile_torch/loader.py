@@ -490,6 +490,11 @@ def _stateful_loader_class():
             return out
 
         def load_state_dict(self, state_dict: dict) -> None:
+            if not isinstance(state_dict, dict):
+                raise TypeError(
+                    f"state_dict must be the dict that state_dict() of a make_loader(..., "
+                    f"stateful=True) loader returned; got {type(state_dict).__name__}"
+                )
             if not state_dict:
                 super().load_state_dict(state_dict)
                 return

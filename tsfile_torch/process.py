@@ -24,10 +24,12 @@ can be:
                    :mod:`tsfile_torch.native.errors`) to a file that the main process quotes in
                    the WorkerError, never to the terminal.
 ``parent_guard``   in DataLoader workers only: a worker ends when the process that started it
-                   dies, even stuck in native code: ``prctl(PR_SET_PDEATHSIG, SIGKILL)`` when
+                   dies, even stuck in native code: ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` when
                    the loader was started from the main thread (the kernel sends it when the
                    starting *thread* exits, and the main thread lives as long as the process),
-                   else a watchdog thread that polls the parent.
+                   else a watchdog thread that polls the parent. A worker ended by SIGTERM
+                   (the parent's death, multiprocessing's exit, torch's shutdown) first removes
+                   what it made (Note: nothing left behind).
 =================  ==========================================================================
 
 Nothing here runs at import except registering the fork fix; nothing is left behind in the
@@ -39,8 +41,10 @@ A dataset build never forks a process that runs other threads (see
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import faulthandler
+import functools
 import os
 import signal
 import sys
@@ -162,6 +166,7 @@ class LoaderScope:
         if not self.open:
             return
         if _SCOPES == 0:
+            _close_at_exit()
             _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)
             torch_signals = _torch_signal_handling()
             _ORIGINAL_TORCH_FLAG = getattr(torch_signals, "_SIGCHLD_handler_set", None)
@@ -202,6 +207,19 @@ class LoaderScope:
     __del__ = close
 
 
+@functools.cache
+def _close_at_exit() -> None:
+    """Close the scopes still open when the interpreter exits, before multiprocessing's exit
+    function terminates the DataLoader workers (atexit runs the later registration first): a
+    worker it ends is then no WorkerError raised from a SIGCHLD handler at exit."""
+
+    def close_all() -> None:
+        for scope in list(_LIVE):
+            scope.close()
+
+    atexit.register(close_all)
+
+
 # -- in DataLoader workers ----------------------------------------------------------------------
 _PR_SET_PDEATHSIG = 1
 
@@ -230,12 +248,13 @@ def start_worker(parent_pid: int, started_from_main_thread: bool) -> None:
 
 
 def _guard_parent(parent_pid: int, use_prctl: bool) -> None:
+    _end_cleanly_on_sigterm()
     if use_prctl:
         try:
             libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) == 0:
+            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0:
                 if os.getppid() != parent_pid:  # it died before prctl
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    _end_terminated()
                 return
         except (OSError, AttributeError):
             pass
@@ -243,10 +262,54 @@ def _guard_parent(parent_pid: int, use_prctl: bool) -> None:
     def watch() -> None:
         while True:
             if os.getppid() != parent_pid:
-                os.kill(os.getpid(), signal.SIGKILL)
+                _end_terminated()
             threading.Event().wait(0.5)
 
     threading.Thread(target=watch, name="tsfile-torch-parent-guard", daemon=True).start()
+
+
+def _end_cleanly_on_sigterm() -> None:
+    """Note: nothing left behind. A DataLoader worker is ended by SIGTERM when its parent dies
+    (``PR_SET_PDEATHSIG``), when the main process exits (multiprocessing terminates daemonic
+    children) and by torch's shutdown of workers that do not stop in time; by default that
+    skips every exit clean-up: the worker's crash report and multiprocessing's ``pymp-*``
+    temporary directory (made for torch's file-descriptor sharing) stayed behind. Here SIGTERM
+    runs those two clean-ups (nothing that can block: no queue is joined) and then ends the
+    worker as SIGTERM would. The Python handler runs in the main thread between bytecodes; a
+    main thread inside a native call (a stuck read) is covered by a thread woken through
+    ``signal.set_wakeup_fd``, which the C-level handler writes at once.
+    """
+    signal.signal(signal.SIGTERM, lambda signum, frame: _end_terminated())
+    try:
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+    except (OSError, ValueError):
+        return
+
+    def wait() -> None:
+        while True:
+            if signal.SIGTERM in os.read(wake_read, 64):
+                threading.Event().wait(1.0)  # the handler ends a main thread running Python
+                _end_terminated(from_thread=True)
+
+    threading.Thread(target=wait, name="tsfile-torch-sigterm", daemon=True).start()
+
+
+def _end_terminated(from_thread: bool = False) -> None:
+    """Remove what this worker made (its crash report, its multiprocessing temporary directory:
+    the clean-ups of a normal exit that cannot block), then end as SIGTERM ends a process."""
+    from multiprocessing import util
+
+    ours = (_remove, getattr(util, "_remove_temp_dir", None))
+    for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
+        if getattr(finalizer, "_callback", None) in ours:
+            finalizer()  # runs once: registered in this process only (cleared at fork)
+    if from_thread:  # signal.signal is for the main thread only: libc's, then
+        ctypes.CDLL(None).signal(int(signal.SIGTERM), 0)  # SIG_DFL
+    else:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _remove(path: str) -> None:

@@ -232,13 +232,27 @@ class View:
     def _identity(self, batch_size: int | None = None) -> dict[str, Any]:
         return self.passes.identity(batch_size)
 
-    def data_identity(self) -> str:
-        """A fingerprint of what the items are made of (file base names, columns, rows of each
-        table; not where the files lie, so a job moved to other paths or nodes resumes): a
-        resume state saved over other data is refused."""
+    def data_identity(self) -> dict[str, Any]:
+        """What the items are made of, as short fingerprints by part (Note: state identity in
+        :mod:`tsfile_torch.sampling.state`): the file base names, the columns, the rows of each
+        table and the time cut, and the content (each column's time range and value statistics
+        per shard, from the metadata). Not where the files lie, so a job moved to other paths
+        or nodes resumes; a resume state saved over other data is refused, naming the part."""
         cat = self.catalog
         files = [os.path.basename(f.name.rstrip("/")) for f in cat.files]
-        return data_fingerprint([files, cat.column_names, self.core.table_sizes])
+        content = [
+            [
+                [s.start_time, s.end_time, s.num_rows, s.num_values, s.min, s.max, s.sum]
+                for s in c.shards
+            ]
+            for c in cat.columns
+        ]
+        return {
+            "files": data_fingerprint(files),
+            "columns": data_fingerprint(cat.column_names),
+            "rows": data_fingerprint([self.core.table_sizes, cat.start_time, cat.end_time]),
+            "content": data_fingerprint(content),
+        }
 
     def resume_elsewhere(self, epoch: int, history: tuple) -> None:
         """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""

@@ -299,6 +299,19 @@ class TsFileWindowDataset(View, tud.Dataset):
         """Windows per device."""
         return dict(zip(self._devices, self.index.counts().tolist(), strict=True))
 
+    def data_identity(self) -> dict:
+        """The view's data identity plus the window settings, kept readable (a state saved with
+        other settings is refused, naming them; Note: state identity)."""
+        windows = {
+            "context_length": self.context_length,
+            "horizon": self.horizon,
+            "stride": self.stride,
+            "min_context": self.min_context,
+            "max_missing": self.max_missing,
+            "targets": list(self.targets),
+        }
+        return {**super().data_identity(), "windows": windows}
+
     def _layout(self) -> tuple[np.ndarray, int]:
         """Block starts: windows whose first row lies in one ``block_rows`` run of a device."""
         if self.order_spec.order in ("sequential", "shuffle"):

@@ -49,7 +49,7 @@ from multiprocessing import sharedctypes
 import numpy as np
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
-from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError, shared_memory
 
 logger = logging.getLogger(__name__)
 
@@ -100,7 +100,11 @@ class CellSums:
             self.groups, self.cell_start, self.sum_start = [], {}, {}
             n_cells = n_sums = 0
         self.shared = True
-        make = sharedctypes.RawArray
+
+        def make(code: str, size: int):
+            what = "the statistics sum checks (check_statistics=)"
+            return shared_memory(sharedctypes.RawArray, code, size, what=what)
+
         self._done = make("b", max(n_cells, 1))
         self._sums = make("d", max(n_sums, 1))
         self._checked = make("b", max(len(catalog.groups), 1))

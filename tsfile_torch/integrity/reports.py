@@ -19,7 +19,7 @@ import signal
 import tempfile
 from multiprocessing import sharedctypes
 
-from tsfile_torch.errors import WorkerError
+from tsfile_torch.errors import WorkerError, shared_memory
 from tsfile_torch.pids import alive
 
 __all__ = ["ReadSlots", "crash_report_path", "crash_reports", "explain_worker_failure"]
@@ -38,7 +38,9 @@ class ReadSlots:
     """Shared memory: per worker, the read in progress (created before workers start)."""
 
     def __init__(self):
-        self.buffer = sharedctypes.RawArray(ctypes.c_char, _SLOT_BYTES * _NUM_SLOTS)
+        self.buffer = shared_memory(
+            sharedctypes.RawArray, ctypes.c_char, _SLOT_BYTES * _NUM_SLOTS, what="worker reports"
+        )
 
     def write(self, worker: int, text: str | None) -> None:
         slot = worker % _NUM_SLOTS

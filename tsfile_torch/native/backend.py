@@ -49,7 +49,9 @@ if hasattr(os, "register_at_fork"):
 def mapped_paths() -> set[str] | None:
     """Return the paths of files memory-mapped in this process (``None`` off Linux)."""
     try:
-        with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
+        # decoded as os.fsdecode does, so a name that is not UTF-8 compares equal to its path
+        fs_encoding, fs_errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()
+        with open("/proc/self/maps", encoding=fs_encoding, errors=fs_errors) as maps:
             return {
                 parts[5].rstrip("\n")
                 for parts in (line.split(None, 5) for line in maps)

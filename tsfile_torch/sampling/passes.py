@@ -46,7 +46,7 @@ class Passes:
 
     def __init__(self, view, rank: int, world_size: int):
         self.rank, self.world_size = rank, world_size
-        self._data: str | None = None
+        self._data: dict | str | None = None
         self.bind(view)
         self.epochs = state.EpochCounter()
         self._passes = 0

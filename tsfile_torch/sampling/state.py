@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tsfile_torch.errors import shared_memory
 from tsfile_torch.pids import alive
 
 __all__ = [
@@ -91,7 +92,7 @@ class SharedInt:
     """
 
     def __init__(self, value: int):
-        self._raw = sharedctypes.RawValue("q", value)
+        self._raw = shared_memory(sharedctypes.RawValue, "q", value, what="the epoch word")
 
     @property
     def value(self) -> int:
@@ -204,22 +205,33 @@ class PassPoint(NamedTuple):
 def check_state(saved: Any, identity: dict, owner: str) -> PassPoint:
     """Return where ``saved`` stands after checking it was saved with ``identity``.
 
+    Note: state identity. A state records what it was saved over: the order (``order``), how
+    items fall into batches (``layout``) and what the items are made of (``data``: a
+    fingerprint per part, see :meth:`~tsfile_torch.data.view.View.data_identity`). The data is
+    compared first (other data usually changes the layout too) and the message names the part.
+
     Raises:
+        TypeError: ``saved`` is not a dict.
         ValueError: a key is missing, or the state was saved with another order, seed, batch
-            size or data layout (the message names the first difference).
+            size or data (the message names the first difference).
     """
+    if not isinstance(saved, dict):
+        raise TypeError(
+            f"state_dict must be a dict, as state_dict() of {owner} returns it; got "
+            f"{type(saved).__name__} {_short(saved)}"
+        )
     keys = [EPOCH, POSITION, *identity]
-    if not isinstance(saved, dict) or not set(keys) <= set(saved):
-        got = sorted(saved) if isinstance(saved, dict) else type(saved).__name__
-        raise ValueError(f"a state_dict of {owner} needs the keys {sorted(keys)}; got {got}")
-    for key, mine in identity.items():
-        theirs = saved[key]
-        if key == DATA and theirs != mine:
+    if not set(keys) <= set(saved):
+        raise ValueError(
+            f"a state_dict of {owner} needs the keys {sorted(keys)}; got {sorted(saved)}"
+        )
+    for key in sorted(identity, key=lambda k: k != DATA):
+        mine, theirs = identity[key], saved[key]
+        if key == DATA and _plain(theirs) != _plain(mine):
             raise ValueError(
-                f"cannot load this state_dict into {owner}: it was saved over other data (another "
-                f"selection of files, columns, devices or rows: fingerprint {theirs!r}, this one "
-                f"{mine!r}); build the dataset over the same sources and columns as when the "
-                f"state was saved"
+                f"cannot load this state_dict into {owner}: it was saved over other data "
+                f"({_data_difference(theirs, mine)}); build the dataset over the same sources, "
+                f"columns and settings as when the state was saved"
             )
         if _plain(theirs) != _plain(mine):
             raise ValueError(
@@ -243,6 +255,42 @@ def check_state(saved: Any, identity: dict, owner: str) -> PassPoint:
         tuple(tuple(int(v) for v in h) for h in saved.get(HISTORY, ())),
         bool(saved.get(FINISHED, False)),
     )
+
+
+_PARTS = {
+    "files": "other files: their names differ",
+    "columns": "other columns",
+    "rows": "other rows: the row count of a device or table, or the time range, differs",
+    "content": "other file contents: the time ranges or value statistics of the columns differ",
+}
+
+
+def _data_difference(theirs, mine) -> str:
+    """Return which parts of two data identities differ, in words (Note: state identity)."""
+    if not (isinstance(theirs, dict) and isinstance(mine, dict)):
+        return f"fingerprint {theirs!r}, this one {mine!r}"
+    parts = sorted(set(theirs) | set(mine))
+    differ = [p for p in parts if _plain(theirs.get(p)) != _plain(mine.get(p))]
+    if "columns" in differ and "content" in differ:
+        differ.remove("content")  # other columns have other statistics: say the cause
+    out = []
+    for part in differ:
+        a, b = theirs.get(part), mine.get(part)
+        if isinstance(a, dict) and isinstance(b, dict):  # settings kept readable
+            changed = [
+                f"{k}={a.get(k)!r}, this one {k}={b.get(k)!r}"
+                for k in sorted(set(a) | set(b))
+                if _plain(a.get(k)) != _plain(b.get(k))
+            ]
+            out.append(f"other {part} settings: saved with {'; '.join(changed)}")
+        else:
+            out.append(_PARTS.get(part, f"other {part}"))
+    return "; ".join(out)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _plain(value):

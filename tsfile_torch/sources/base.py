@@ -193,9 +193,10 @@ class LocalFile(Source):
 
     def reader_target(self) -> str:
         if not self.can_map:
-            if not os.path.exists(self.path):
-                missing = FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
-                raise os_error(self.name, missing)
+            try:
+                os.stat(self.path)
+            except OSError as err:  # the real errno: gone, a symlink loop, no permission...
+                raise os_error(self.name, err) from err
             raise TsFileFormatError(
                 f"{self.name}: not a regular file; TsFiles are read from regular files or "
                 f"seekable binary file objects"
@@ -277,6 +278,7 @@ _ERRNO_HINTS = {
     errno.EACCES: "permission denied (check the file's permissions)",
     errno.EPERM: "operation not permitted (check the file's permissions)",
     errno.ENOENT: "no such file (it was moved or deleted; check the path)",
+    errno.ELOOP: "a symlink loop (ELOOP: its symbolic links point at each other; fix the links)",
 }
 
 
@@ -338,6 +340,11 @@ def _expand_local(item: str | os.PathLike, remote_options) -> list[Source]:
         if not found:
             raise TsFileFormatError(f"{path}: glob pattern matches no files")
         return [LocalFile(p) for p in found]
+    try:
+        os.stat(path)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise os_error(path, err) from err
     raise TsFileFormatError(f"{path}: no such file or directory; check the path")
 
 

@@ -1,0 +1,108 @@
+"""A training process that ends mid-epoch leaves nothing behind (Note: nothing left behind in
+tsfile_torch/process.py): no worker crash reports, no ``pymp-*`` directory a plain DataLoader
+would not leave, no traceback at interpreter exit.
+
+Each case runs a child interpreter with ``TMPDIR`` pointing at the test's own directory, so
+what it leaves there is counted exactly.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+CHILD = r"""
+import os, signal, sys, time
+import torch.utils.data as tud
+from tsfile_torch import TsFileIterableDataset, make_loader
+
+directory, how, kind = sys.argv[1:4]
+ds = TsFileIterableDataset(directory, batch_size=500)
+if kind == "plain":
+    loader = tud.DataLoader(ds, batch_size=None, num_workers=2, persistent_workers=True)
+else:
+    loader = make_loader(ds, num_workers=2)
+it = iter(loader)
+next(it), next(it)
+print("in the epoch", flush=True)
+if how == "SIGTERM itself":
+    os.kill(os.getpid(), signal.SIGTERM)
+elif how == "Ctrl-C itself":
+    os.kill(os.getpid(), signal.SIGINT)
+elif how == "abandoned at exit":
+    sys.exit(0)
+time.sleep(60)  # "SIGTERM" / "Ctrl-C": signalled from outside
+"""
+
+HOWS = ["SIGTERM itself", "Ctrl-C itself", "SIGTERM", "Ctrl-C", "abandoned at exit"]
+
+
+def _run(directory, how: str, kind: str, tmp: Path) -> tuple[int, str, list[str]]:
+    env = {
+        **os.environ,
+        "TMPDIR": str(tmp),
+        "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(directory), how, kind],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,  # its own process group: Ctrl-C reaches it and its workers
+    )
+    try:
+        assert proc.stdout.readline() == "in the epoch\n"
+        if how == "SIGTERM":
+            os.kill(proc.pid, signal.SIGTERM)
+        elif how == "Ctrl-C":  # the terminal sends SIGINT to the whole foreground group
+            os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    deadline = time.monotonic() + 3  # workers outlive the main process for a moment
+    while time.monotonic() < deadline:
+        left = sorted(os.listdir(tmp))
+        if not any(name.startswith("pymp-") for name in left):
+            break
+        time.sleep(0.2)
+    return proc.returncode, err, left
+
+
+def _kinds(left: list[str]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in left:
+        kind = "crash report" if name.startswith("tsfile-torch-crash-") else name.split("-")[0]
+        out[kind] = out.get(kind, 0) + 1
+    return out
+
+
+@pytest.mark.slow  # a child interpreter with two workers per case, ~3 s each
+@pytest.mark.parametrize("how", HOWS)
+def test_a_main_process_ended_mid_epoch_leaves_nothing_a_plain_dataloader_would_not(
+    small_dir, tmp_path, how
+):
+    (tmp_path / "ours").mkdir()
+    (tmp_path / "plain").mkdir()
+    code, err, left = _run(small_dir, how, "ours", tmp_path / "ours")
+    _, _, plain = _run(small_dir, how, "plain", tmp_path / "plain")
+    expected_code = {"SIGTERM": -15, "SIGTERM itself": -15, "abandoned at exit": 0}
+    assert code == expected_code.get(how, -2)  # ended as that signal ends a process
+    ours = _kinds(left)
+    assert "crash report" not in ours, left
+    assert ours.get("pymp", 0) <= _kinds(plain).get("pymp", 0), (left, plain)
+    assert set(ours) <= {"pymp"}, left
+    if how == "abandoned at exit":  # an iterator dropped at interpreter exit: silent
+        assert err == ""
+    else:
+        assert "Exception ignored" not in err and "WorkerError" not in err, err
