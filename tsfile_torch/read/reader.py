@@ -14,12 +14,22 @@ blocks of every group a batch touches, blocks shrink to fit (:attr:`BatchReader.
 Random access (``random_access=True``) to a group longer than one block reads exactly the rows
 asked for instead of whole blocks. :meth:`BatchReader.clear_cache` drops the decoded values and
 keeps the readers (a streaming epoch starts that way).
+
+Note: read-ahead. Sequential reads decode ahead of the caller on one background thread (the
+native decode releases the GIL), so decoding overlaps whatever the caller does between batches
+(a training step): after a read, the next block of every group it touched is decoded in the
+background when the cache has room for it. The first read of a pass in a group whose block is
+large decodes only the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole
+block to the background, so a first batch costs about one batch's decode, not a block's. A read
+that needs a block being decoded ahead waits for it. Off when more files are selected than may
+be open at once (an open-file eviction must not close a reader a decode uses).
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
@@ -46,6 +56,9 @@ logger = logging.getLogger(__name__)
 #: Rows decoded per native call and per cache entry. Measured on the reference workload: one
 #: 131,072-row query per file decodes in 0.10 s per epoch, two 65,536-row queries in 0.17 s.
 DEFAULT_BLOCK_ROWS = 131072
+#: Rows a pass decodes first, alone, of a group whose block is at least twice as long (Note:
+#: read-ahead): about one batch.
+FIRST_BLOCK_ROWS = 8192
 #: Upper bound of the default streaming cache, whatever the number of columns.
 DEFAULT_CACHE_CAP = 1 << 30
 _MIN_CACHE_BYTES = 256 << 20
@@ -202,6 +215,12 @@ class BatchReader:
         self.index_stride = index_stride
         self.files = OpenFiles(catalog.files, read_backend, max_open_files, malloc_tuning)
         self._pool = None
+        # Note: read-ahead
+        self.read_ahead = len(catalog.files) <= max_open_files
+        self._ahead: dict[tuple[int, int], tuple[Future, int]] = {}  # key -> (decode, bytes)
+        self._ahead_pool: ThreadPoolExecutor | None = None
+        self._begun: set[int] = set()  # groups read since the pass began (clear_cache)
+        self._later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
         if cache_bytes is None:
             cache_bytes = default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
         self.cache = BlockCache(cache_bytes, self.dtype)
@@ -267,6 +286,10 @@ class BatchReader:
 
     def close(self) -> None:
         """Close every reader and drop decoded blocks (timeline indexes are kept)."""
+        self._drop_ahead()
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=True)
+            self._ahead_pool = None
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -274,8 +297,11 @@ class BatchReader:
         self.cache.clear(drop_buffers=True)
 
     def clear_cache(self) -> None:
-        """Drop decoded values (their buffers are kept for reuse); readers stay open."""
+        """Drop decoded values (their buffers are kept for reuse); readers stay open. A new
+        pass begins: its first reads decode small (Note: read-ahead)."""
+        self._drop_ahead()
         self.cache.clear()
+        self._begun.clear()
 
     def set_range(self, start_row: int, stop_row: int) -> None:
         """Serve only rows ``[start_row, stop_row)`` from now on: blocks are clipped to them.
@@ -285,7 +311,9 @@ class BatchReader:
         """
         clip = (max(0, start_row), min(stop_row, self.catalog.num_rows))
         if clip != self._clip:
+            self._drop_ahead()
             self.cache.clear()
+            self._begun.clear()
             self._clip = clip
 
     def check_unchanged(self) -> None:
@@ -352,11 +380,77 @@ class BatchReader:
                 self.cache.recycle(data)
                 continue
             key = (group_index, b)
-            data = self.cache.get(key)
+            data = self.cache.get(key) or self._ahead_done(key)
+            if data is None and self._first_small(group_index, need_lo, need_hi, lo, hi):
+                data = self.decoder.decode(self.decoder.plan(group_index, need_lo, need_hi))
+                yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data, None
+                self.cache.recycle(data)
+                self._later.append((group_index, b))  # the whole block, in the background
+                continue
             if data is None:
                 data = self.decoder.decode(self.decoder.plan(group_index, lo, hi))
                 self.cache.put(key, data)
+            self._begun.add(group_index)
             yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
+
+    # -- read-ahead (Note: read-ahead) --------------------------------------------------------
+    def _first_small(self, gi: int, need_lo: int, need_hi: int, lo: int, hi: int) -> bool:
+        """Whether this read, the pass's first in group ``gi``, decodes only the rows asked."""
+        if not self.read_ahead or gi in self._begun:
+            return False
+        self._begun.add(gi)
+        return need_hi - need_lo <= FIRST_BLOCK_ROWS and hi - lo >= 2 * FIRST_BLOCK_ROWS
+
+    def _decode_ahead(self, gi: int, b: int) -> None:
+        """Start decoding block ``b`` of group ``gi`` in the background, if it is missing, in
+        range and fits the cache beside what is there."""
+        group = self.catalog.groups[gi]
+        key = (gi, b)
+        if key in self._ahead or key in self.cache or b < 0:
+            return
+        lo, hi = self._block_rows_of(group, b)
+        if lo >= hi:
+            return
+        nbytes = (hi - lo) * (len(group.columns) * self.dtype.itemsize + 8)
+        pending = sum(n for _, n in self._ahead.values())
+        if self.cache.nbytes + pending + nbytes > self.cache.capacity:
+            return
+        plan = self.decoder.plan(gi, lo, hi)  # readers and indexes: in this thread
+        if self._ahead_pool is None:
+            threads = max(1, self.decode_threads)
+            self._ahead_pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
+        self._ahead[key] = (self._ahead_pool.submit(self.decoder.decode, plan), nbytes)
+
+    def _ahead_done(self, key) -> Block | None:
+        """Return block ``key`` if it is being decoded ahead (waiting for it), stored."""
+        pending = self._ahead.pop(key, None)
+        if pending is None:
+            return None
+        block = pending[0].result()  # a failed decode raises here, as it would have inline
+        self.cache.put(key, block)
+        return block
+
+    def _after_read(self, groups: list[int], stop_row: int) -> None:
+        """Decode ahead the blocks a first read left out, then the block after the last one a
+        read touched, in each of its groups."""
+        later, self._later = self._later, []
+        for gi, b in later:
+            self._decode_ahead(gi, b)
+        for gi in groups:
+            group = self.catalog.groups[gi]
+            local = min(stop_row, group.stop_row) - group.start_row
+            if 0 < local < group.num_rows:
+                self._decode_ahead(gi, (local - 1) // self.block_rows + 1)
+
+    def _drop_ahead(self) -> None:
+        """Wait for the decodes ahead and drop their blocks (a new pass, a new range, close)."""
+        ahead, self._ahead = self._ahead, {}
+        for future, _ in ahead.values():
+            if not future.cancel():
+                try:
+                    self.cache.recycle(future.result())
+                except Exception:  # noqa: BLE001 - a read ahead that failed was never asked for
+                    pass
 
     def _prefetch(self, start_row: int, stop_row: int, groups: list[int]) -> None:
         """Decode the missing blocks of ``[start_row, stop_row)`` on ``decode_threads`` threads.
@@ -369,8 +463,10 @@ class BatchReader:
         for gi in groups:
             group = self.catalog.groups[gi]
             local_lo, local_hi = _local_rows(group, start_row, stop_row)
+            if self.read_ahead and gi not in self._begun:
+                continue  # the pass's first read of it decodes small (Note: read-ahead)
             for b, need_lo, need_hi, lo, hi in self._block_needs(group, local_lo, local_hi):
-                if (gi, b) not in self.cache:
+                if (gi, b) not in self.cache and (gi, b) not in self._ahead:
                     if need_lo < lo or need_hi > hi:
                         return  # rows outside set_range: let the serial path handle them
                     missing.append(((gi, b), gi, lo, hi))
@@ -443,6 +539,8 @@ class BatchReader:
                     self._check_times(view, gi, times[o : o + m], block.times[a:b], start_row + o)
                     self._verify_block(view, gi, block, number)
                 out[o : o + m, target] = block.values[:, a:b].T
+        if self.read_ahead and self.cache.capacity and not random_access:
+            self._after_read(groups, stop_row)
         return out, times
 
     def take(self, rows: np.ndarray, view: RowView | None = None) -> tuple[np.ndarray, np.ndarray]:

@@ -1,0 +1,79 @@
+"""Read-ahead (Note: read-ahead in tsfile_torch.read.reader): the first read of a pass decodes
+only its rows, whole blocks are decoded in the background, each block once, values exact.
+
+Data: ``synthetic.write_table_files`` (value of (file, column, row) known: conftest.expected).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from tsfile_torch import TsFileIterableDataset, make_loader, synthetic
+
+SPEC = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=3, num_rows=70000)
+
+
+@pytest.fixture(scope="module")
+def long_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("long")
+    synthetic.write_table_files(directory, SPEC)
+    return directory
+
+
+def _record_decodes(reader) -> list[tuple[str, int]]:
+    """Record (thread name, rows) of every decode of ``reader``."""
+    seen = []
+    decode = reader.decoder.decode
+
+    def recording(plan):
+        seen.append((threading.current_thread().name, plan.num_rows))
+        return decode(plan)
+
+    reader.decoder.decode = recording
+    return seen
+
+
+def test_a_first_batch_decodes_its_rows_and_the_blocks_follow_in_the_background(
+    long_dir, expected_rows
+):
+    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768)
+    reader = ds.core.reader
+    decodes = _record_decodes(reader)
+    for epoch in range(2):
+        decodes.clear()
+        batches = list(ds)
+        got = torch.cat(batches).numpy()
+        np.testing.assert_array_equal(got, expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32))
+        first = [rows for thread, rows in decodes[: SPEC.num_files]]
+        # the first batch: its rows only (FIRST_BLOCK_ROWS or fewer), in this thread
+        assert first == [4096] * SPEC.num_files, decodes
+        assert {thread for thread, _ in decodes[: SPEC.num_files]} == {
+            threading.current_thread().name
+        }
+        ahead = [rows for thread, rows in decodes if thread.startswith("tsfile-read-ahead")]
+        # every block of every file decoded once, in the background; nothing decoded twice
+        assert sum(rows for _, rows in decodes) == SPEC.num_files * (SPEC.num_rows + 4096)
+        assert sorted(ahead) == sorted([32768, 32768, 70000 - 65536] * SPEC.num_files)
+
+
+def test_read_ahead_with_workers_and_a_range_per_worker(long_dir, expected_rows):
+    ds = TsFileIterableDataset(long_dir, batch_size=5000, block_rows=16384, return_timestamps=True)
+    loader = make_loader(ds, num_workers=2)
+    for _ in range(2):
+        values, times = (torch.cat(x).numpy() for x in zip(*loader, strict=True))
+        order = np.argsort(times)
+        np.testing.assert_array_equal(times[order], np.arange(SPEC.num_rows))
+        expected = expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32)
+        np.testing.assert_array_equal(values[order], expected)
+
+
+def test_no_read_ahead_when_files_outnumber_the_open_file_limit(long_dir, expected_rows):
+    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768, max_open_files=1)
+    decodes = _record_decodes(ds.core.reader)
+    got = torch.cat(list(ds)).numpy()
+    np.testing.assert_array_equal(got, expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32))
+    assert not any(thread.startswith("tsfile-read-ahead") for thread, _ in decodes)
