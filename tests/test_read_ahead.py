@@ -7,6 +7,7 @@ Data: ``synthetic.write_table_files`` (value of (file, column, row) known: conft
 from __future__ import annotations
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -43,21 +44,28 @@ def test_a_first_batch_decodes_its_rows_and_the_blocks_follow_in_the_background(
     ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768)
     reader = ds.core.reader
     decodes = _record_decodes(reader)
-    for _ in range(2):  # a later pass begins small again
+    expected = expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32)
+    # the first pass, a pass after one read back to back, a pass after a slow consumer
+    for pass_, small in enumerate([True, False, True, True]):
         decodes.clear()
-        batches = list(ds)
-        got = torch.cat(batches).numpy()
-        np.testing.assert_array_equal(got, expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32))
-        first = [rows for thread, rows in decodes[: SPEC.num_files]]
-        # the first batch: its rows only (FIRST_BLOCK_ROWS or fewer), in this thread
-        assert first == [4096] * SPEC.num_files, decodes
-        assert {thread for thread, _ in decodes[: SPEC.num_files]} == {
-            threading.current_thread().name
-        }
+        batches = []
+        for batch in ds:
+            batches.append(batch)
+            if pass_ >= 1:
+                time.sleep(0.004)  # a training step: the next pass decodes small first
+        np.testing.assert_array_equal(torch.cat(batches).numpy(), expected)
+        head = [rows for thread, rows in decodes[: SPEC.num_files]]
+        here = {thread for thread, _ in decodes[: SPEC.num_files]}
         ahead = [rows for thread, rows in decodes if thread.startswith("tsfile-read-ahead")]
-        # every block of every file decoded once, in the background; nothing decoded twice
-        assert sum(rows for _, rows in decodes) == SPEC.num_files * (SPEC.num_rows + 4096)
-        assert sorted(ahead) == sorted([32768, 32768, 70000 - 65536] * SPEC.num_files)
+        blocks = [32768, 32768, 70000 - 65536] * SPEC.num_files
+        if small:  # the first batch: its rows only, at once; every block once, in the background
+            assert head == [4096] * SPEC.num_files, decodes
+            assert not any(thread.startswith("tsfile-read-ahead") for thread in here)
+            assert sorted(ahead) == sorted(blocks)
+            assert sum(rows for _, rows in decodes) == SPEC.num_files * (SPEC.num_rows + 4096)
+        else:  # back-to-back reads: whole blocks from the first batch on, each once
+            assert sum(rows for _, rows in decodes) == SPEC.num_files * SPEC.num_rows
+            assert 4096 not in [rows for _, rows in decodes]
 
 
 def test_read_ahead_with_workers_and_a_range_per_worker(long_dir, expected_rows):

@@ -20,7 +20,10 @@ native decode releases the GIL), so decoding overlaps whatever the caller does b
 (a training step): after a read, the next block of every group it touched is decoded in the
 background when the cache has room for it. The first read of a pass in a group whose block is
 large decodes only the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole
-block to the background, so a first batch costs about one batch's decode, not a block's. A read
+block to the background, so a first batch costs about one batch's decode, not a block's; it
+costs about 10% more decoding (those rows are decoded twice, in more queries), so it is done in
+a process's first pass and in passes after one whose caller spent :data:`CONSUMER_GAP_S` or
+more between reads (training), not after back-to-back reads (a benchmark loop). A read
 that needs a block being decoded ahead waits for it. Off when more files are selected than may
 be open at once (an open-file eviction must not close a reader a decode uses).
 """
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
@@ -59,6 +63,9 @@ DEFAULT_BLOCK_ROWS = 131072
 #: Rows a pass decodes first, alone, of a group whose block is at least twice as long (Note:
 #: read-ahead): about one batch.
 FIRST_BLOCK_ROWS = 8192
+#: Mean seconds a caller spends between reads (a training step) from which a pass's first
+#: reads decode small: a caller that reads back to back gains nothing from it (Note: read-ahead).
+CONSUMER_GAP_S = 0.002
 #: Upper bound of the default streaming cache, whatever the number of columns.
 DEFAULT_CACHE_CAP = 1 << 30
 _MIN_CACHE_BYTES = 256 << 20
@@ -221,6 +228,10 @@ class BatchReader:
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._begun: set[int] = set()  # groups read since the pass began (clear_cache)
         self._later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
+        self._heads: dict[tuple[int, int], Block] = {}  # first reads, decoded small
+        # the caller's time between reads, over this pass: does it leave time to decode ahead?
+        self._gaps, self._reads, self._last_end = 0.0, 0, None
+        self._small_first = True  # the first pass: yes
         if cache_bytes is None:
             cache_bytes = default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
         self.cache = BlockCache(cache_bytes, self.dtype)
@@ -302,6 +313,9 @@ class BatchReader:
         self._drop_ahead()
         self.cache.clear()
         self._begun.clear()
+        if self._reads:
+            self._small_first = self._gaps / self._reads >= CONSUMER_GAP_S
+        self._gaps, self._reads, self._last_end = 0.0, 0, None
 
     def set_range(self, start_row: int, stop_row: int) -> None:
         """Serve only rows ``[start_row, stop_row)`` from now on: blocks are clipped to them.
@@ -381,11 +395,11 @@ class BatchReader:
                 continue
             key = (group_index, b)
             data = self.cache.get(key) or self._ahead_done(key)
-            if data is None and self._first_small(group_index, need_lo, need_hi, lo, hi):
-                data = self.decoder.decode(self.decoder.plan(group_index, need_lo, need_hi))
-                yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, data, None
-                self.cache.recycle(data)
-                self._later.append((group_index, b))  # the whole block, in the background
+            head = self._heads.pop(key, None)
+            if data is None and head is not None:  # decoded small (Note: read-ahead)
+                yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, head, None
+                self.cache.recycle(head)
+                self._later.append(key)  # the whole block, in the background
                 continue
             if data is None:
                 data = self.decoder.decode(self.decoder.plan(group_index, lo, hi))
@@ -394,12 +408,37 @@ class BatchReader:
             yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
 
     # -- read-ahead (Note: read-ahead) --------------------------------------------------------
-    def _first_small(self, gi: int, need_lo: int, need_hi: int, lo: int, hi: int) -> bool:
-        """Whether this read, the pass's first in group ``gi``, decodes only the rows asked."""
-        if not self.read_ahead or gi in self._begun:
-            return False
-        self._begun.add(gi)
-        return need_hi - need_lo <= FIRST_BLOCK_ROWS and hi - lo >= 2 * FIRST_BLOCK_ROWS
+    def _first_reads(self, start_row: int, stop_row: int, groups: list[int]) -> None:
+        """Decode the pass's first read of each group whose block is large as only the rows
+        asked (on the decode threads: ``self._heads``); the blocks follow in the background."""
+        plans = []
+        for gi in groups:
+            if gi in self._begun:
+                continue
+            self._begun.add(gi)
+            if not self._small_first:
+                continue
+            group = self.catalog.groups[gi]
+            local_lo, local_hi = _local_rows(group, start_row, stop_row)
+            if local_lo >= local_hi:
+                continue
+            needs = list(self._block_needs(group, local_lo, local_hi))
+            if len(needs) != 1:
+                continue
+            b, need_lo, need_hi, lo, hi = needs[0]
+            small = need_hi - need_lo <= FIRST_BLOCK_ROWS and hi - lo >= 2 * FIRST_BLOCK_ROWS
+            if small and lo <= need_lo and need_hi <= hi and (gi, b) not in self.cache:
+                plans.append(((gi, b), self.decoder.plan(gi, need_lo, need_hi)))
+        if len(plans) > 1 and self.decode_threads > 1:
+            decoded = self._decode_pool().map(lambda kp: (kp[0], self.decoder.decode(kp[1])), plans)
+        else:
+            decoded = ((key, self.decoder.decode(plan)) for key, plan in plans)
+        self._heads.update(decoded)
+
+    def _decode_pool(self) -> ThreadPoolExecutor:
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="tsfile-decode")
+        return self._pool
 
     def _decode_ahead(self, gi: int, b: int) -> None:
         """Start decoding block ``b`` of group ``gi`` in the background, if it is missing, in
@@ -444,6 +483,9 @@ class BatchReader:
 
     def _drop_ahead(self) -> None:
         """Wait for the decodes ahead and drop their blocks (a new pass, a new range, close)."""
+        for head in self._heads.values():
+            self.cache.recycle(head)
+        self._heads.clear()
         ahead, self._ahead = self._ahead, {}
         for future, _ in ahead.values():
             if not future.cancel():
@@ -463,10 +505,9 @@ class BatchReader:
         for gi in groups:
             group = self.catalog.groups[gi]
             local_lo, local_hi = _local_rows(group, start_row, stop_row)
-            if self.read_ahead and gi not in self._begun:
-                continue  # the pass's first read of it decodes small (Note: read-ahead)
             for b, need_lo, need_hi, lo, hi in self._block_needs(group, local_lo, local_hi):
-                if (gi, b) not in self.cache and (gi, b) not in self._ahead:
+                key = (gi, b)
+                if key not in self.cache and key not in self._ahead and key not in self._heads:
                     if need_lo < lo or need_hi > hi:
                         return  # rows outside set_range: let the serial path handle them
                     missing.append(((gi, b), gi, lo, hi))
@@ -476,11 +517,8 @@ class BatchReader:
         if len(missing) < 2 or nbytes > self.cache.capacity or too_many_files:
             return
         plans = [(key, self.decoder.plan(gi, lo, hi)) for key, gi, lo, hi in missing]
-        if self._pool is None:
-            from concurrent.futures import ThreadPoolExecutor
-
-            self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="tsfile-decode")
-        for key, data in self._pool.map(lambda kp: (kp[0], self.decoder.decode(kp[1])), plans):
+        pool = self._decode_pool()
+        for key, data in pool.map(lambda kp: (kp[0], self.decoder.decode(kp[1])), plans):
             self.cache.put(key, data)
 
     # -- assembly ---------------------------------------------------------------------------
@@ -527,6 +565,11 @@ class BatchReader:
             )
         times = np.empty(n, dtype=np.int64)
         groups = view.segments.groups(start_row, stop_row)
+        if self._last_end is not None:
+            self._gaps += time.perf_counter() - self._last_end
+            self._reads += 1
+        if self.read_ahead and self.cache.capacity and not random_access:
+            self._first_reads(start_row, stop_row, groups)
         if self.decode_threads > 1 and self.cache.capacity and not random_access:
             self._prefetch(start_row, stop_row, groups)
         for gi in groups:
@@ -541,6 +584,7 @@ class BatchReader:
                 out[o : o + m, target] = block.values[:, a:b].T
         if self.read_ahead and self.cache.capacity and not random_access:
             self._after_read(groups, stop_row)
+        self._last_end = time.perf_counter()
         return out, times
 
     def take(self, rows: np.ndarray, view: RowView | None = None) -> tuple[np.ndarray, np.ndarray]:
