@@ -72,6 +72,22 @@ def _bench_windows(args: argparse.Namespace) -> int:
     return 0 if all(r["checksum_ok"] for r in records) else 1
 
 
+def _bench_startup(args: argparse.Namespace) -> int:
+    from tsfile_torch.bench import startup
+    from tsfile_torch.bench.harness import write_json
+    from tsfile_torch.bench.reference import reference_data
+
+    data = args.data or reference_data(args.cache_dir)
+    rounds = 1 if args.quick else (args.rounds or 3)
+    workers = tuple(args.workers) if args.workers else (0, 2)
+    records = startup.run_startup(data, workers, rounds, progress=not args.no_progress)
+    print(startup.format_startup(records))
+    if args.json:
+        write_json(records, args.json, append=True)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
 def _bench_peers(args: argparse.Namespace) -> int:
     import tempfile
 
@@ -110,6 +126,8 @@ def _bench(args: argparse.Namespace) -> int:
         return _bench_windows(args)
     if args.peers:
         return _bench_peers(args)
+    if args.startup:
+        return _bench_startup(args)
     args.workers = args.workers or [0, 1, 2]
     data = args.data or bench.reference_data(args.cache_dir)
     if args.quick:
@@ -386,6 +404,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="forecasting-window benchmark on a generated panel (64 devices x 8 fields x "
         "200,000 rows; --data: a panel directory) beside TsFileDataFrame and in-memory numpy",
+    )
+    b.add_argument(
+        "--startup",
+        action="store_true",
+        help="build, first batch and first epoch in a new process, and epochs with a 20 ms "
+        "training step per batch (decode overlap), 0 and 2 workers, streaming",
     )
     b.add_argument(
         "--peers",

@@ -1,0 +1,142 @@
+"""``tsfile-torch bench --startup``: build, first batch and overlap with a training step.
+
+Each round runs in a new interpreter (nothing warm but the page cache: the files are read once
+before) over the reference dataset, for 0 and 2 workers, streaming (``cache="none"``):
+
+- **build**: ``TsFileIterableDataset(...)`` and ``make_loader(...)``;
+- **first batch**: from ``iter(loader)`` to the first batch; **first epoch**: to its end;
+- **later epochs**: the median of 3 later epochs, and a steady-state batch (a later epoch's
+  time over its batches);
+- **with a step**: later epochs whose consumer spends ``--step-ms`` (default 20) per batch in a
+  busy loop holding the GIL (the worst case for decoding in the same process), against
+  ``max(later epoch, batches x step)``: 1.0 means decoding fully overlapped the steps.
+
+Reported as ratios (issue #26's targets): first batch / steady batch, (build + first epoch) /
+later epoch, epoch with steps / max(epoch, steps), medians over rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+
+__all__ = ["format_startup", "run_startup"]
+
+_CHILD = r"""
+import json, sys, time
+t0 = time.perf_counter()
+from tsfile_torch import TsFileIterableDataset, make_loader
+imported = time.perf_counter()
+data, workers, step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+def main():
+    t = time.perf_counter()
+    ds = TsFileIterableDataset(data, batch_size=8192)
+    loader = make_loader(ds, num_workers=workers)
+    build = time.perf_counter() - t
+    t = time.perf_counter()
+    first = None
+    batches = 0
+    for _ in loader:
+        batches += 1
+        if first is None:
+            first = time.perf_counter() - t
+    first_epoch = time.perf_counter() - t
+
+    def epoch(work):
+        t = time.perf_counter()
+        for _ in loader:
+            if work:
+                spin(work)
+        return time.perf_counter() - t
+
+    later = sorted(epoch(0) for _ in range(3))[1]
+    stepped = sorted(epoch(step) for _ in range(3))[1]
+    print(json.dumps({"workers": workers, "build": build, "first_batch": first,
+                      "first_epoch": first_epoch, "later": later, "batches": batches,
+                      "stepped": stepped, "step": step, "import": imported - t0}))
+
+if __name__ == "__main__":
+    main()
+"""
+
+
+def run_startup(
+    data: str, workers=(0, 2), rounds: int = 3, step_ms: float = 20.0, progress: bool = True
+) -> list[dict]:
+    """Run the startup benchmark (see the module notes); return one record per run."""
+    import glob
+    import os
+
+    from tqdm import tqdm
+
+    from tsfile_torch.bench.reference import warm_page_cache
+
+    files = sorted(glob.glob(os.path.join(data, "*.tsfile")))
+    runs = [(r, w) for r in range(rounds) for w in workers]
+    records = []
+    for r, w in tqdm(runs, desc="startup", disable=not progress):
+        warm_page_cache(files)
+        out = subprocess.run(
+            [sys.executable, "-c", _CHILD, data, str(w), str(step_ms / 1000)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        record = json.loads(out.stdout.strip().splitlines()[-1])
+        record["round"] = r
+        records.append(record)
+    return records
+
+
+def summarize_startup(records: list[dict]) -> list[dict]:
+    """Per number of workers: the medians of the ratios the targets are stated in."""
+    out = []
+    for w in sorted({r["workers"] for r in records}):
+        runs = [r for r in records if r["workers"] == w]
+
+        def med(f, runs=runs):
+            return statistics.median(f(r) for r in runs)
+
+        out.append(
+            {
+                "workers": w,
+                "build_s": med(lambda r: r["build"]),
+                "first_batch_s": med(lambda r: r["first_batch"]),
+                "later_epoch_s": med(lambda r: r["later"]),
+                "first_batch_over_steady": med(
+                    lambda r: r["first_batch"] / (r["later"] / r["batches"])
+                ),
+                "build_first_epoch_over_later": med(
+                    lambda r: (r["build"] + r["first_epoch"]) / r["later"]
+                ),
+                "stepped_over_bound": med(
+                    lambda r: r["stepped"] / max(r["later"], r["batches"] * r["step"])
+                ),
+            }
+        )
+    return out
+
+
+def format_startup(records: list[dict]) -> str:
+    """A text table of :func:`summarize_startup` (ratios: medians over rounds)."""
+    rows = summarize_startup(records)
+    head = (
+        f"{'workers':>7} {'build s':>8} {'1st batch s':>11} {'later s':>8} "
+        f"{'1st batch / steady':>18} {'(build+1st)/later':>17} {'with steps / bound':>18}"
+    )
+    lines = [head, "-" * len(head)]
+    for s in rows:
+        lines.append(
+            f"{s['workers']:>7} {s['build_s']:>8.3f} {s['first_batch_s']:>11.3f} "
+            f"{s['later_epoch_s']:>8.3f} {s['first_batch_over_steady']:>18.2f} "
+            f"{s['build_first_epoch_over_later']:>17.2f} {s['stepped_over_bound']:>18.2f}"
+        )
+    return "\n".join(lines)
