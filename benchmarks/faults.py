@@ -17,6 +17,14 @@ written. An outcome is one of:
 - ``crash``: the process died (a signal, or an exit without a result);
 - ``hang``: no result within ``--timeout`` seconds.
 
+The worker cases (``--only worker-``) signal or race DataLoader workers: a worker SIGKILLed or
+SIGSTOPped mid-epoch (the epoch must raise ``WorkerError``, naming a stopped worker within 15 s
+under ``timeout=5``, and the next epoch over the same loader must be exact), every window batch
+of two epochs kept from 2 workers (exact, equal to 0 workers', ``torch.save`` works), and two
+loaders over one dataset started at once from two threads (one gets the documented "already
+being iterated" error, the other is exact). Each of their waits is bounded inside the case (a
+bound run out is ``hang``); a case that times out is killed with its whole process group.
+
 Each case states what it must end in (``exact``, ``clear`` or either); the run counts the cases
 that do. The cases that fail without a manifest because no statistic can see the damage (flips
 in the low mantissa bits of DOUBLE values) are marked ``needs manifest``: their manifest twins
@@ -38,6 +46,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import struct
 import subprocess
 import sys
@@ -57,7 +66,7 @@ class Case:
 
     name: str
     scenario: str
-    kind: str = "rows"  # "rows" | "windows"
+    kind: str = "rows"  # "rows" | "windows" | "iterable" (TsFileIterableDataset)
     workers: int = 0
     expect: str = "either"  # "exact" | "clear" | "either"
     args: dict = field(default_factory=dict)
@@ -157,6 +166,28 @@ def corpus() -> list[Case]:
             expect="exact",
             args={"manifest": manifest},
         )
+    for kind in ("iterable", "rows"):
+        add("worker-killed-mid-epoch", "worker_kill", (kind,), (2,), expect="exact")
+        for cont in (True, False):
+            add(
+                f"worker-stopped-mid-epoch{'+cont' if cont else ''}",
+                "worker_stop",
+                (kind,),
+                (2,),
+                expect="exact",
+                args={"cont": cont},
+            )
+    for as_dict in (False, True):
+        add(
+            f"worker-batches-kept{'+dict' if as_dict else ''}",
+            "worker_keep",
+            ("windows",),
+            (2,),
+            expect="exact",
+            args={"dict": as_dict},
+        )
+    for kind in ("iterable", "rows"):
+        add("worker-two-loaders-at-once", "worker_race", (kind,), (2,), expect="exact")
     return cases
 
 
@@ -252,6 +283,14 @@ def damage_offset(data: bytes, where: str) -> int:
 # -- reading and judging (in the case's process) -----------------------------------------------
 class Wrong(Exception):
     """Values were handed out that were never written."""
+
+
+class Slow(Exception):
+    """A bounded wait ran out inside the case (judged ``hang``)."""
+
+
+class Missed(Exception):
+    """The documented error did not come (judged ``raw``)."""
 
 
 class Judge:
@@ -681,6 +720,261 @@ def scenario_cache(case: Case, data: Path, work: Path) -> dict:
         return {"rows": read_all(build("dc", **kw), case.kind, judge, case.workers, epochs=2)}
 
 
+# -- worker faults -----------------------------------------------------------------------------
+def _worker_dataset(kind: str, path: str):
+    """Small batches (60 per epoch) so a worker is still reading when it is signalled."""
+    from tsfile_torch import TsFileIterableDataset
+
+    if kind == "iterable":
+        return TsFileIterableDataset(
+            path,
+            batch_size=500,
+            block_rows=5000,
+            dtype="float64",
+            return_timestamps=True,
+            index_cache=False,
+        )
+    return _dataset(kind, path, batch_size=500)
+
+
+def _worker_pids(loader) -> list[int]:
+    """The pids of the loader's live DataLoader workers."""
+    import multiprocessing
+
+    workers = getattr(getattr(loader, "_iterator", None), "_workers", None)
+    if workers is None:
+        workers = multiprocessing.active_children()
+    return [w.pid for w in workers]
+
+
+def _judge_rows(ds, judge: Judge, batches, label: str) -> int:
+    """Judge row batches ``(values, times)`` handed out in any order: every row once, each
+    value and timestamp the one written."""
+    np = judge.np
+    if not batches:
+        raise Wrong(f"{label}: no batch")
+    times = np.concatenate([t for _, t in batches])
+    values = np.concatenate([v for v, _ in batches])
+    rows = np.searchsorted(judge.cols[ds.columns[0]][0], times)
+    judge.check(ds.columns, rows, times, values)
+    if judge.wrong:
+        raise Wrong(f"{label}: {judge.wrong} wrong values")
+    if not np.array_equal(np.sort(rows), np.arange(ds.num_rows)):
+        raise Wrong(f"{label}: {len(rows)} rows handed out, not every row of {ds.num_rows} once")
+    return len(rows)
+
+
+def _epoch(loader, bound: float, label: str) -> list:
+    """One whole epoch of row batches (copied), within ``bound`` seconds."""
+    start = time.monotonic()
+    got = [(v.numpy().copy(), t.numpy().copy()) for v, t in loader]
+    took = time.monotonic() - start
+    if took > bound:
+        raise Slow(f"{label} took {took:.1f} s (bound {bound:.0f} s)")
+    return got
+
+
+def scenario_worker_kill(case: Case, data: Path, work: Path) -> dict:
+    """SIGKILL one of 2 workers after batch 2: the epoch must raise WorkerError, the next epoch
+    over the same loader (new workers) must hand out every row exactly, each within 30 s."""
+    from tsfile_torch import WorkerError, make_loader
+
+    path = _copy(data / "base/part000.tsfile", work)
+    ds = _worker_dataset(case.kind, str(path))
+    loader = make_loader(ds, num_workers=2, timeout=30)
+    judge = Judge(data / "truth.npz", "base")
+    start = time.monotonic()
+    killed = None
+    try:
+        for i, _ in enumerate(loader):
+            if i == 2:
+                killed = _worker_pids(loader)[0]
+                os.kill(killed, signal.SIGKILL)
+            if time.monotonic() - start > 30:
+                raise Slow("the epoch with a killed worker ran past 30 s")
+    except WorkerError as err:
+        first = f"WorkerError: {str(err).splitlines()[0][:160]}"
+        if time.monotonic() - start > 30:
+            raise Slow(f"WorkerError after {time.monotonic() - start:.1f} s (bound 30 s)") from err
+        if str(killed) not in str(err):
+            raise Missed(f"the WorkerError does not name the killed pid {killed}: {err}") from err
+    else:
+        raise Missed(f"worker pid {killed} SIGKILLed after batch 2: the epoch ended without error")
+    again = time.monotonic()
+    rows = _judge_rows(ds, judge, _epoch(loader, 30, "the next epoch"), "the next epoch")
+    return {
+        "rows": rows,
+        "detail": f"{first[:120]}; next epoch exact in {time.monotonic() - again:.1f} s",
+    }
+
+
+def scenario_worker_stop(case: Case, data: Path, work: Path) -> dict:
+    """SIGSTOP one of 2 workers after batch 1, make_loader(timeout=5): a WorkerError naming
+    its pid ("is stopped") within 15 s; then (SIGCONT or not) the next epoch is exact."""
+    from tsfile_torch import WorkerError, make_loader
+
+    path = _copy(data / "base/part000.tsfile", work)
+    ds = _worker_dataset(case.kind, str(path))
+    loader = make_loader(ds, num_workers=2, timeout=5)
+    judge = Judge(data / "truth.npz", "base")
+    stopped = None
+    try:
+        it = iter(loader)
+        next(it)
+        stopped = _worker_pids(loader)[1]
+        os.kill(stopped, signal.SIGSTOP)
+        start = time.monotonic()
+        try:
+            for _ in it:
+                if time.monotonic() - start > 15:
+                    raise Slow("the epoch with a stopped worker ran past 15 s")
+        except WorkerError as err:
+            took = time.monotonic() - start
+            text = str(err)
+            if took > 15:
+                raise Slow(f"WorkerError after {took:.1f} s (bound 15 s)") from err
+            if f"{stopped})" not in text or "is stopped" not in text:
+                raise Missed(
+                    f"the WorkerError does not name stopped pid {stopped}: {text}"
+                ) from err
+            first = f"WorkerError after {took:.1f} s naming pid {stopped} as stopped"
+        else:
+            raise Missed(f"worker pid {stopped} SIGSTOPped: the epoch ended without error")
+        del it
+        if case.args["cont"]:
+            os.kill(stopped, signal.SIGCONT)
+        again = time.monotonic()
+        rows = _judge_rows(ds, judge, _epoch(loader, 30, "the next epoch"), "the next epoch")
+        took = time.monotonic() - again
+    finally:
+        if stopped is not None:  # never leave a stopped process behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
+    return {"rows": rows, "detail": f"{first}; next epoch exact in {took:.1f} s"}
+
+
+def scenario_worker_keep(case: Case, data: Path, work: Path) -> dict:
+    """Window batches from 2 workers, every batch of two epochs kept (list(loader)): each
+    window exact and byte-equal to 0 workers' batches; torch.save of one batch works."""
+    import io
+
+    import torch
+
+    from tsfile_torch import make_loader
+
+    path = _copy(data / "base/part000.tsfile", work)
+    kw = {"return_dict": True} if case.args.get("dict") else {}
+    ds = _dataset("windows", str(path), context_length=200, stride=100, options=kw)
+    judge = Judge(data / "truth.npz", "base")
+    np = judge.np
+    per_batch = 32
+
+    def parts(batch):
+        return [batch[k] for k in sorted(batch)] if isinstance(batch, dict) else list(batch)
+
+    def windows(batch):  # (first timestamp, parts) of each window: workers reorder batches
+        x, times = (
+            (batch["past_values"], batch["past_time"]) if isinstance(batch, dict) else batch[:2]
+        )
+        arrays = [p.numpy() for p in parts(batch)]
+        return x.numpy(), times.numpy(), arrays
+
+    reference = {}
+    for batch in make_loader(ds, per_batch):
+        _, times, arrays = windows(batch)
+        for w in range(len(times)):
+            reference[int(times[w, 0])] = [a[w].copy() for a in arrays]
+    if len(reference) != len(ds):
+        raise Wrong(f"0 workers: {len(reference)} distinct windows of {len(ds)}")
+    loader = make_loader(ds, batch_size=per_batch, num_workers=2, timeout=60)
+    start = time.monotonic()
+    epochs = [list(loader), list(loader)]  # the first epoch still held while the second runs
+    if time.monotonic() - start > 120:
+        raise Slow(f"two epochs took {time.monotonic() - start:.1f} s")
+    names = [f"{ds.window_info(0).device}.{f}" for f in ds.fields]  # one device
+    series = judge.cols[names[0]][0]
+    for e, held in enumerate(epochs):
+        seen = set()
+        for i, batch in enumerate(held):
+            x, times, arrays = windows(batch)
+            for w in range(len(x)):
+                rows = np.searchsorted(series, times[w])
+                if rows[0] % ds.stride or not np.array_equal(rows, rows[0] + np.arange(len(rows))):
+                    judge.wrong += x[w].size
+                judge.check(names, rows, times[w], x[w])
+                first = int(times[w, 0])
+                same = reference.get(first)
+                if same is None or not all(
+                    a[w].dtype == b.dtype and np.array_equal(a[w], b, equal_nan=True)
+                    for a, b in zip(arrays, same, strict=True)
+                ):
+                    raise Wrong(f"epoch {e} batch {i}: window at {first} differs from 0 workers'")
+                seen.add(first)
+            if judge.wrong:
+                raise Wrong(f"epoch {e} batch {i}: {judge.wrong} wrong values")
+        if seen != set(reference):
+            raise Wrong(f"epoch {e}: {len(seen)} distinct windows of {len(reference)}")
+    buffer = io.BytesIO()
+    torch.save(epochs[0][3], buffer)
+    buffer.seek(0)
+    back = torch.load(buffer)
+    if not all(torch.equal(a, b) for a, b in zip(parts(back), parts(epochs[0][3]), strict=True)):
+        raise Wrong("torch.save / torch.load of a batch changed its values")
+    return {
+        "rows": judge.rows,
+        "detail": f"2 epochs x {len(epochs[0])} batches held, every window exact; "
+        "torch.save of a batch works",
+    }
+
+
+def scenario_worker_race(case: Case, data: Path, work: Path) -> dict:
+    """Two make_loader(num_workers=2) loaders over one dataset object started at the same
+    moment from two threads (3 rounds, a new dataset each): one raises the documented "already
+    being iterated" error, the other hands out every row exactly."""
+    import threading
+
+    from tsfile_torch import make_loader
+    from tsfile_torch.errors import TsFileTorchError
+
+    path = _copy(data / "base/part000.tsfile", work)
+    rows = 0
+    for round_ in range(3):
+        ds = _worker_dataset(case.kind, str(path))
+        go = threading.Barrier(2, timeout=60)
+        results: dict[int, object] = {}
+
+        def run(k, ds=ds, go=go, results=results):
+            loader = make_loader(ds, num_workers=2, timeout=60)
+            try:
+                go.wait()
+                results[k] = [(v.numpy().copy(), t.numpy().copy()) for v, t in loader]
+            except Exception as err:  # judged below
+                results[k] = err
+
+        threads = [threading.Thread(target=run, args=(k,), daemon=True) for k in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+        if any(t.is_alive() for t in threads):
+            raise Slow(f"round {round_}: a loader thread still running after 120 s")
+        errors = [r for r in results.values() if isinstance(r, Exception)]
+        batches = [r for r in results.values() if not isinstance(r, Exception)]
+        documented = [
+            e
+            for e in errors
+            if isinstance(e, TsFileTorchError) and "already being iterated" in str(e)
+        ]
+        if len(documented) != 1 or len(batches) != 1:
+            found = "; ".join(f"{type(e).__name__}: {str(e)[:200]}" for e in errors)
+            if any(not isinstance(e, TsFileTorchError) for e in errors):
+                raise errors[0]
+            raise Missed(f"round {round_}: {len(batches)} loaders ran, errors: {found or 'none'}")
+        judge = Judge(data / "truth.npz", "base")
+        rows += _judge_rows(ds, judge, batches[0], f"round {round_}")
+    return {"rows": rows, "detail": "3 rounds: one 'already being iterated' error, one exact"}
+
+
 SCENARIOS = {
     name[len("scenario_") :]: fn  # noqa: E203
     for name, fn in dict(globals()).items()
@@ -713,6 +1007,10 @@ def run_case(case: Case, data: Path, work: Path, phase: int) -> dict:
         return {"result": "exact", **got}
     except Wrong as err:
         return {"result": "wrong", "detail": str(err)}
+    except Slow as err:
+        return {"result": "hang", "detail": str(err)}
+    except Missed as err:
+        return {"result": "raw", "detail": f"Missed: {err}"}
     except (TsFileTorchError, ValueError, TypeError) as err:
         text = str(err).strip()
         if "Original Traceback" in text:  # raised in a DataLoader worker: its last line
@@ -763,26 +1061,31 @@ def launch(case: Case, data: Path, work: Path, timeout: float) -> dict:
         ),
     }
     start = time.perf_counter()
+    proc = subprocess.Popen(
+        _case_command(case, data, work),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        preexec_fn=_drop_root_override if case.scenario == "readonly_cache" else None,
+        start_new_session=True,
+    )
     try:
-        proc = subprocess.run(
-            _case_command(case, data, work),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            env=env,
-            preexec_fn=_drop_root_override if case.scenario == "readonly_cache" else None,
-            start_new_session=True,
-        )
+        stdout, stderr = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        # the whole session: a case's DataLoader workers (stopped ones too) go with it
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         return {
             "result": "hang",
             "detail": f"no result within {timeout:.0f} s",
             "seconds": round(time.perf_counter() - start, 1),
         }
     seconds = round(time.perf_counter() - start, 1)
-    got = _last_json(proc.stdout)
+    got = _last_json(stdout)
     if got is None or proc.returncode != 0:
-        tail = proc.stderr.strip().splitlines()[-3:]
+        tail = stderr.strip().splitlines()[-3:]
         return {
             "result": "crash",
             "detail": f"exit status {proc.returncode}: {' | '.join(tail)[:600]}",
