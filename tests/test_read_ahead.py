@@ -41,7 +41,7 @@ def _record_decodes(reader) -> list[tuple[str, int]]:
 def test_a_first_batch_decodes_its_rows_and_the_blocks_follow_in_the_background(
     long_dir, expected_rows
 ):
-    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768)
+    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768, read_backend="pread")
     reader = ds.core.reader
     decodes = _record_decodes(reader)
     expected = expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32)
@@ -69,7 +69,9 @@ def test_a_first_batch_decodes_its_rows_and_the_blocks_follow_in_the_background(
 
 
 def test_read_ahead_with_workers_and_a_range_per_worker(long_dir, expected_rows):
-    ds = TsFileIterableDataset(long_dir, batch_size=5000, block_rows=16384, return_timestamps=True)
+    ds = TsFileIterableDataset(
+        long_dir, batch_size=5000, block_rows=16384, return_timestamps=True, read_backend="pread"
+    )
     loader = make_loader(ds, num_workers=2)
     for _ in range(2):
         values, times = (torch.cat(x).numpy() for x in zip(*loader, strict=True))
@@ -79,9 +81,20 @@ def test_read_ahead_with_workers_and_a_range_per_worker(long_dir, expected_rows)
         np.testing.assert_array_equal(values[order], expected)
 
 
-def test_no_read_ahead_when_files_outnumber_the_open_file_limit(long_dir, expected_rows):
-    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768, max_open_files=1)
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"read_backend": "pread", "max_open_files": 1},  # an eviction could close a decode's
+        {"read_backend": "auto"},  # mapped files: a truncation under a background decode
+        {"read_backend": "mmap"},  # would be a SIGBUS, not the error a read in this thread gives
+    ],
+)
+def test_no_read_ahead_for_mapped_files_or_more_files_than_may_be_open(
+    long_dir, expected_rows, options
+):
+    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768, **options)
     decodes = _record_decodes(ds.core.reader)
     got = torch.cat(list(ds)).numpy()
     np.testing.assert_array_equal(got, expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32))
     assert not any(thread.startswith("tsfile-read-ahead") for thread, _ in decodes)
+    assert 4096 not in [rows for _, rows in decodes]  # no small first read without read-ahead

@@ -174,7 +174,7 @@ def _main() -> None:  # the fresh-interpreter child: python -c "...; _main()" < 
 
 #: Python threads known to hold no lock a validation child needs while they idle: our own
 #: decode pool (waiting on its queue) and tqdm's monitor (sleeping between checks).
-IDLE_THREADS = ("tsfile-decode", "tqdm_monitor")
+IDLE_THREADS = ("tsfile-decode", "tsfile-read-ahead", "tqdm_monitor")
 
 
 def can_fork() -> bool:

@@ -24,8 +24,12 @@ block to the background, so a first batch costs about one batch's decode, not a 
 costs about 10% more decoding (those rows are decoded twice, in more queries), so it is done in
 a process's first pass and in passes after one whose caller spent :data:`CONSUMER_GAP_S` or
 more between reads (training), not after back-to-back reads (a benchmark loop). A read
-that needs a block being decoded ahead waits for it. Off when more files are selected than may
-be open at once (an open-file eviction must not close a reader a decode uses).
+that needs a block being decoded ahead waits for it. Only files read through pread
+(``read_backend="pread"``, or sources that cannot be mapped) are decoded in the background: a
+mapped file truncated while a background decode touches its pages would kill the process with
+SIGBUS, where a read in the caller's thread checks the file first and reports the change. Off
+too when more files are selected than may be open at once (an open-file eviction must not close
+a reader a decode uses).
 """
 
 from __future__ import annotations
@@ -224,6 +228,10 @@ class BatchReader:
         self._pool = None
         # Note: read-ahead
         self.read_ahead = len(catalog.files) <= max_open_files
+        #: files read through pread (never mapped): the ones decoded in the background
+        self._unmapped = [
+            read_backend == "pread" or info.source.mapped_path() is None for info in catalog.files
+        ]
         self._ahead: dict[tuple[int, int], tuple[Future, int]] = {}  # key -> (decode, bytes)
         self._ahead_pool: ThreadPoolExecutor | None = None
         self._begun: set[int] = set()  # groups read since the pass began (clear_cache)
@@ -416,9 +424,9 @@ class BatchReader:
             if gi in self._begun:
                 continue
             self._begun.add(gi)
-            if not self._small_first:
-                continue
             group = self.catalog.groups[gi]
+            if not self._small_first or not self._unmapped[group.file_index]:
+                continue
             local_lo, local_hi = _local_rows(group, start_row, stop_row)
             if local_lo >= local_hi:
                 continue
@@ -445,7 +453,7 @@ class BatchReader:
         range and fits the cache beside what is there."""
         group = self.catalog.groups[gi]
         key = (gi, b)
-        if key in self._ahead or key in self.cache or b < 0:
+        if key in self._ahead or key in self.cache or not self._unmapped[group.file_index]:
             return
         lo, hi = self._block_rows_of(group, b)
         if lo >= hi:
