@@ -207,7 +207,11 @@ class _Guarded:
         other = running() if running is not None else None
         live = other is not None and other._running is not None and other._running() is not None
         if live and other is not self:
-            if other.num_workers or self.num_workers:
+            with_workers = other.num_workers or self.num_workers
+            # not kept in this frame: a traceback kept with the error (a results dict) would
+            # keep the other loader, and its workers, alive until a garbage collection
+            del other, running
+            if with_workers:
                 raise TsFileTorchError(
                     f"this {type(ds).__name__} is already being iterated by another loader "
                     f"with DataLoader workers; two loaders over one dataset object would share "
