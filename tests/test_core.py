@@ -161,3 +161,16 @@ def test_num_samples_is_the_one_name_of_random_items_for_rows_and_windows(small_
         TsFileIterableDataset(small_dir, batch_size=100, num_samples=7, random_batches=7)
     with pytest.raises(ValueError, match="num_samples draws random windows"):
         TsFileIterableDataset(small_dir, batch_size=100, num_samples=7, shuffle=True)
+
+
+def test_no_class_of_the_package_is_over_350_lines():
+    import ast
+    from pathlib import Path
+
+    package = Path(__file__).resolve().parents[1] / "tsfile_torch"
+    long = []
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350:
+                long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1})")
+    assert not long, long

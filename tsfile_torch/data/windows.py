@@ -201,14 +201,7 @@ class TsFileWindowDataset(View, tud.Dataset):
         return ds
 
     def _build(self, sources, window, read, order_spec, rank, world_size) -> None:
-        if window.normalize_by is None:  # a training dataset's per-device normalizer says so
-            by = "device" if isinstance(read.normalize, DeviceNormalizer) else "column"
-            window = window.replace(normalize_by=by)
-        if window.device_weights != "length" and order_spec.order != "random":
-            raise ValueError(
-                f"device_weights={window.device_weights!r} goes with order='random' (windows "
-                f"drawn per epoch); got order={order_spec.order!r}"
-            )
+        window = _resolved(window, read, order_spec)
         #: what this dataset was built from (split_by_time replaces the read options)
         self._request = (sources, order_spec, rank, world_size)
         self.window, self.order_spec = window, order_spec
@@ -247,17 +240,6 @@ class TsFileWindowDataset(View, tud.Dataset):
     def _padding(self) -> int:
         """Rows of left padding the first window of a device may have (``min_context``)."""
         return self.window.padding
-
-    # what a window is, as attributes (ds.context_length, ...): the WindowSpec's
-    context_length = property(lambda self: self.window.context_length)
-    horizon = property(lambda self: self.window.horizon)
-    stride = property(lambda self: self.window.stride)
-    return_dict = property(lambda self: self.window.return_dict)
-    time_features = property(lambda self: self.window.time_features)
-    normalize_by = property(lambda self: self.window.normalize_by)
-    min_context = property(lambda self: self.window.min_context)
-    max_missing = property(lambda self: self.window.max_missing)
-    device_weights = property(lambda self: self.window.device_weights)
 
     def _set_windows(self, lowest: np.ndarray) -> None:
         """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
@@ -488,6 +470,27 @@ def _gather(ds, indices: Sequence[int], hand_over: bool = False):
         padded = start < 0
         feats[padded] = time_features(times[padded], ds.time_features, ds.options.time_unit)
     return ds.items.items(arrays, k, features_ready=True)
+
+
+# what a window is, as attributes of the dataset (ds.context_length, ...): its WindowSpec's
+for _name in (
+    "context_length", "horizon", "stride", "return_dict", "time_features", "normalize_by",
+    "min_context", "max_missing", "device_weights",
+):  # fmt: skip
+    setattr(TsFileWindowDataset, _name, property(lambda self, n=_name: getattr(self.window, n)))
+
+
+def _resolved(window: WindowSpec, read: ReadOptions, order: OrderSpec) -> WindowSpec:
+    """Return ``window`` with ``normalize_by`` resolved, checked against the order."""
+    if window.normalize_by is None:  # a training dataset's per-device normalizer says so
+        by = "device" if isinstance(read.normalize, DeviceNormalizer) else "column"
+        window = window.replace(normalize_by=by)
+    if window.device_weights != "length" and order.order != "random":
+        raise ValueError(
+            f"device_weights={window.device_weights!r} goes with order='random' (windows "
+            f"drawn per epoch); got order={order.order!r}"
+        )
+    return window
 
 
 def _forecast_from(ds, rows_before: np.ndarray, cut: int) -> None:

@@ -100,13 +100,6 @@ class Table:
         return values[rows - rows.min()], times[rows - rows.min()]
 
 
-def _times_into(out: np.ndarray | None, times: np.ndarray) -> np.ndarray:
-    if out is None:
-        return times
-    out[...] = times
-    return out
-
-
 def _no_store(core: ReadingCore) -> None:
     return None
 
@@ -369,18 +362,12 @@ class ReadingCore:
         if store is not None:
             at = rows + store.offsets[table]
             if store.has_rows(at):
-                if out is None:
-                    return store.values[at], store.times[at]
-                np.take(store.values, at, axis=0, out=out[0])
-                return out[0], _times_into(out[1], store.times[at])
+                return _taken(store.values, store.times, at, out)
         values, times = self.tables[table].take(self.reader, rows)
         values = self._finalize(table, values)
         if store is not None:
             store.put_rows(at, values, times)
-        if out is None:
-            return values, times
-        out[0][...] = values
-        return out[0], _times_into(out[1], times)
+        return (values, times) if out is None else _copy(values, times, out)
 
     def _finalize(self, table: int, values: np.ndarray) -> np.ndarray:
         """Return read values normalized (``normalize=``) in the output dtype.
@@ -461,17 +448,12 @@ class ReadingCore:
         """Whether a make_loader worker hands rows ``[start, stop)`` (or the rows ``rows``) of
         ``table`` over by reference (Note: hand-over); ``table=None``: any gather (every table
         is kept whole)."""
-        store = self._handing_over()
+        store = self.store() if self.hand_over and self.options.cache == "disk" else None
         if store is None or table is None:
             return store is not None and store is self.whole_store()
         if rows is not None:
             return store.has_rows(rows + store.offsets[table])
         return store.has(table, start, stop)
-
-    def _handing_over(self) -> MemoryStore | None:
-        if not self.hand_over or self.options.cache != "disk":
-            return None
-        return self.store()
 
     @property
     def cached_bytes(self) -> int:
@@ -490,9 +472,8 @@ class ReadingCore:
     @property
     def backends(self) -> dict[str, str]:
         """File name -> backend its open reader really uses, in this process."""
-        if self._reader is None:
-            return {}
-        return {self.catalog.files[i].name: b for i, b in self._reader.backends.items()}
+        opened = self._reader.backends if self._reader is not None else {}
+        return {self.catalog.files[i].name: b for i, b in opened.items()}
 
     def close(self) -> None:
         """Close this process's readers and drop decoded values (they reopen on the next read)."""
@@ -524,6 +505,17 @@ def _copy(values: np.ndarray, times: np.ndarray, out=None) -> tuple[np.ndarray, 
     if out[1] is None:
         return out[0], times.copy()
     out[1][...] = times
+    return out
+
+
+def _taken(values: np.ndarray, times: np.ndarray, at: np.ndarray, out=None):
+    """Return rows ``at`` of kept ``values`` / ``times``, gathered into ``out`` if given."""
+    if out is None:
+        return values[at], times[at]
+    np.take(values, at, axis=0, out=out[0])
+    if out[1] is None:
+        return out[0], times[at]
+    np.take(times, at, out=out[1])
     return out
 
 

@@ -15,29 +15,15 @@ Random access (``random_access=True``) to a group longer than one block reads ex
 asked for instead of whole blocks. :meth:`BatchReader.clear_cache` drops the decoded values and
 keeps the readers (a streaming epoch starts that way).
 
-Note: read-ahead. Sequential reads decode ahead of the caller on one background thread (the
-native decode releases the GIL), so decoding overlaps whatever the caller does between batches
-(a training step): after a read, the next block of every group it touched is decoded in the
-background when the cache has room for it. The first read of a pass in a group whose block is
-large decodes only the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole
-block to the background, so a first batch costs about one batch's decode, not a block's; it
-costs about 10% more decoding (those rows are decoded twice, in more queries), so it is done in
-a process's first pass and in passes after one whose caller spent :data:`CONSUMER_GAP_S` or
-more between reads (training), not after back-to-back reads (a benchmark loop). A read
-that needs a block being decoded ahead waits for it. Only files read through pread
-(``read_backend="pread"``, or sources that cannot be mapped) are decoded in the background: a
-mapped file truncated while a background decode touches its pages would kill the process with
-SIGBUS, where a read in the caller's thread checks the file first and reports the change. Off
-too when more files are selected than may be open at once (an open-file eviction must not close
-a reader a decode uses).
+Read-ahead (Note: read-ahead in :mod:`tsfile_torch.read.readahead`): sequential reads decode the
+next blocks in the background, and a pass's first batch decodes small.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -48,11 +34,14 @@ from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.decode import GroupDecoder, misaligned
 from tsfile_torch.read.openfiles import OpenFiles
+from tsfile_torch.read.readahead import FIRST_BLOCK_ROWS, ReadAhead
+from tsfile_torch.read.readahead import local_rows as _local_rows
 from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE
 
 __all__ = [
     "BatchReader",
     "DEFAULT_BLOCK_ROWS",
+    "FIRST_BLOCK_ROWS",
     "DEFAULT_CACHE_CAP",
     "RowView",
     "cache_cap",
@@ -64,12 +53,6 @@ logger = logging.getLogger(__name__)
 #: Rows decoded per native call and per cache entry. Measured on the reference workload: one
 #: 131,072-row query per file decodes in 0.10 s per epoch, two 65,536-row queries in 0.17 s.
 DEFAULT_BLOCK_ROWS = 131072
-#: Rows a pass decodes first, alone, of a group whose block is at least twice as long (Note:
-#: read-ahead): about one batch.
-FIRST_BLOCK_ROWS = 8192
-#: Mean seconds a caller spends between reads (a training step) from which a pass's first
-#: reads decode small: a caller that reads back to back gains nothing from it (Note: read-ahead).
-CONSUMER_GAP_S = 0.002
 #: Upper bound of the default streaming cache, whatever the number of columns.
 DEFAULT_CACHE_CAP = 1 << 30
 _MIN_CACHE_BYTES = 256 << 20
@@ -226,20 +209,6 @@ class BatchReader:
         self.index_stride = index_stride
         self.files = OpenFiles(catalog.files, read_backend, max_open_files, malloc_tuning)
         self._pool = None
-        # Note: read-ahead
-        self.read_ahead = len(catalog.files) <= max_open_files
-        #: files read through pread (never mapped): the ones decoded in the background
-        self._unmapped = [
-            read_backend == "pread" or info.source.mapped_path() is None for info in catalog.files
-        ]
-        self._ahead: dict[tuple[int, int], tuple[Future, int]] = {}  # key -> (decode, bytes)
-        self._ahead_pool: ThreadPoolExecutor | None = None
-        self._begun: set[int] = set()  # groups read since the pass began (clear_cache)
-        self._later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
-        self._heads: dict[tuple[int, int], Block] = {}  # first reads, decoded small
-        # the caller's time between reads, over this pass: does it leave time to decode ahead?
-        self._gaps, self._reads, self._last_end = 0.0, 0, None
-        self._small_first = True  # the first pass: yes
         if cache_bytes is None:
             cache_bytes = default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
         self.cache = BlockCache(cache_bytes, self.dtype)
@@ -264,6 +233,8 @@ class BatchReader:
             index_dir,
             index_stride,
         )
+        #: decodes ahead of the caller in the background (Note: read-ahead)
+        self.ahead = ReadAhead(self, max_open_files)
 
     # -- lifetime -------------------------------------------------------------------------
     def __getstate__(self):
@@ -305,10 +276,7 @@ class BatchReader:
 
     def close(self) -> None:
         """Close every reader and drop decoded blocks (timeline indexes are kept)."""
-        self._drop_ahead()
-        if self._ahead_pool is not None:
-            self._ahead_pool.shutdown(wait=True)
-            self._ahead_pool = None
+        self.ahead.close()
         if self._pool is not None:
             self._pool.shutdown(wait=True)
             self._pool = None
@@ -318,12 +286,8 @@ class BatchReader:
     def clear_cache(self) -> None:
         """Drop decoded values (their buffers are kept for reuse); readers stay open. A new
         pass begins: its first reads decode small (Note: read-ahead)."""
-        self._drop_ahead()
+        self.ahead.new_pass()
         self.cache.clear()
-        self._begun.clear()
-        if self._reads:
-            self._small_first = self._gaps / self._reads >= CONSUMER_GAP_S
-        self._gaps, self._reads, self._last_end = 0.0, 0, None
 
     def set_range(self, start_row: int, stop_row: int) -> None:
         """Serve only rows ``[start_row, stop_row)`` from now on: blocks are clipped to them.
@@ -333,9 +297,8 @@ class BatchReader:
         """
         clip = (max(0, start_row), min(stop_row, self.catalog.num_rows))
         if clip != self._clip:
-            self._drop_ahead()
+            self.ahead.new_pass()
             self.cache.clear()
-            self._begun.clear()
             self._clip = clip
 
     def check_unchanged(self) -> None:
@@ -402,132 +365,23 @@ class BatchReader:
                 self.cache.recycle(data)
                 continue
             key = (group_index, b)
-            data = self.cache.get(key) or self._ahead_done(key)
-            head = self._heads.pop(key, None)
+            data = self.cache.get(key) or self.ahead.take(key)
+            head = self.ahead.heads.pop(key, None)
             if data is None and head is not None:  # decoded small (Note: read-ahead)
                 yield group.start_row + need_lo - start_row, 0, need_hi - need_lo, head, None
                 self.cache.recycle(head)
-                self._later.append(key)  # the whole block, in the background
+                self.ahead.later.append(key)  # the whole block, in the background
                 continue
             if data is None:
                 data = self.decoder.decode(self.decoder.plan(group_index, lo, hi))
                 self.cache.put(key, data)
-            self._begun.add(group_index)
+            self.ahead.begun.add(group_index)
             yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
-
-    # -- read-ahead (Note: read-ahead) --------------------------------------------------------
-    def _first_reads(self, start_row: int, stop_row: int, groups: list[int]) -> None:
-        """Decode the pass's first read of each group whose block is large as only the rows
-        asked (on the decode threads: ``self._heads``); the blocks follow in the background."""
-        plans = []
-        for gi in groups:
-            if gi in self._begun:
-                continue
-            self._begun.add(gi)
-            group = self.catalog.groups[gi]
-            if not self._small_first or not self._unmapped[group.file_index]:
-                continue
-            local_lo, local_hi = _local_rows(group, start_row, stop_row)
-            if local_lo >= local_hi:
-                continue
-            needs = list(self._block_needs(group, local_lo, local_hi))
-            if len(needs) != 1:
-                continue
-            b, need_lo, need_hi, lo, hi = needs[0]
-            small = need_hi - need_lo <= FIRST_BLOCK_ROWS and hi - lo >= 2 * FIRST_BLOCK_ROWS
-            if small and lo <= need_lo and need_hi <= hi and (gi, b) not in self.cache:
-                plans.append(((gi, b), self.decoder.plan(gi, need_lo, need_hi)))
-        if len(plans) > 1 and self.decode_threads > 1:
-            decoded = self._decode_pool().map(lambda kp: (kp[0], self.decoder.decode(kp[1])), plans)
-        else:
-            decoded = ((key, self.decoder.decode(plan)) for key, plan in plans)
-        self._heads.update(decoded)
 
     def _decode_pool(self) -> ThreadPoolExecutor:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="tsfile-decode")
         return self._pool
-
-    def _decode_ahead(self, gi: int, b: int) -> None:
-        """Start decoding block ``b`` of group ``gi`` in the background, if it is missing, in
-        range and fits the cache beside what is there."""
-        group = self.catalog.groups[gi]
-        key = (gi, b)
-        if key in self._ahead or key in self.cache or not self._unmapped[group.file_index]:
-            return
-        lo, hi = self._block_rows_of(group, b)
-        if lo >= hi:
-            return
-        nbytes = (hi - lo) * (len(group.columns) * self.dtype.itemsize + 8)
-        pending = sum(n for _, n in self._ahead.values())
-        if self.cache.nbytes + pending + nbytes > self.cache.capacity:
-            return
-        plan = self.decoder.plan(gi, lo, hi)  # readers and indexes: in this thread
-        if self._ahead_pool is None:
-            threads = max(1, self.decode_threads)
-            self._ahead_pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
-        self._ahead[key] = (self._ahead_pool.submit(self.decoder.decode, plan), nbytes)
-
-    def _ahead_done(self, key) -> Block | None:
-        """Return block ``key`` if it is being decoded ahead (waiting for it), stored."""
-        pending = self._ahead.pop(key, None)
-        if pending is None:
-            return None
-        block = pending[0].result()  # a failed decode raises here, as it would have inline
-        self.cache.put(key, block)
-        return block
-
-    def _after_read(self, groups: list[int], stop_row: int) -> None:
-        """Decode ahead the blocks a first read left out, then the block after the last one a
-        read touched, in each of its groups."""
-        later, self._later = self._later, []
-        for gi, b in later:
-            self._decode_ahead(gi, b)
-        for gi in groups:
-            group = self.catalog.groups[gi]
-            local = min(stop_row, group.stop_row) - group.start_row
-            if 0 < local < group.num_rows:
-                self._decode_ahead(gi, (local - 1) // self.block_rows + 1)
-
-    def _drop_ahead(self) -> None:
-        """Wait for the decodes ahead and drop their blocks (a new pass, a new range, close)."""
-        for head in self._heads.values():
-            self.cache.recycle(head)
-        self._heads.clear()
-        ahead, self._ahead = self._ahead, {}
-        for future, _ in ahead.values():
-            if not future.cancel():
-                try:
-                    self.cache.recycle(future.result())
-                except Exception:  # noqa: BLE001 - a read ahead that failed was never asked for
-                    pass
-
-    def _prefetch(self, start_row: int, stop_row: int, groups: list[int]) -> None:
-        """Decode the missing blocks of ``[start_row, stop_row)`` on ``decode_threads`` threads.
-
-        Readers are opened and indexes built here, in the calling thread; the threads only
-        decode. Skipped when the blocks would not all fit the cache (they would be decoded
-        again) or when they span more files than may be open at once.
-        """
-        missing, nbytes, files = [], 0, set()
-        for gi in groups:
-            group = self.catalog.groups[gi]
-            local_lo, local_hi = _local_rows(group, start_row, stop_row)
-            for b, need_lo, need_hi, lo, hi in self._block_needs(group, local_lo, local_hi):
-                key = (gi, b)
-                if key not in self.cache and key not in self._ahead and key not in self._heads:
-                    if need_lo < lo or need_hi > hi:
-                        return  # rows outside set_range: let the serial path handle them
-                    missing.append(((gi, b), gi, lo, hi))
-                    nbytes += (hi - lo) * (len(group.columns) * self.dtype.itemsize + 8)
-                    files.add(group.file_index)
-        too_many_files = len(files) > self.files.max_open_files
-        if len(missing) < 2 or nbytes > self.cache.capacity or too_many_files:
-            return
-        plans = [(key, self.decoder.plan(gi, lo, hi)) for key, gi, lo, hi in missing]
-        pool = self._decode_pool()
-        for key, data in pool.map(lambda kp: (kp[0], self.decoder.decode(kp[1])), plans):
-            self.cache.put(key, data)
 
     # -- assembly ---------------------------------------------------------------------------
     def read(
@@ -573,13 +427,12 @@ class BatchReader:
             )
         times = np.empty(n, dtype=np.int64)
         groups = view.segments.groups(start_row, stop_row)
-        if self._last_end is not None:
-            self._gaps += time.perf_counter() - self._last_end
-            self._reads += 1
-        if self.read_ahead and self.cache.capacity and not random_access:
-            self._first_reads(start_row, stop_row, groups)
+        ahead = self.ahead.on and self.cache.capacity and not random_access
+        self.ahead.read_starts()
+        if ahead:
+            self.ahead.first_reads(start_row, stop_row, groups)
         if self.decode_threads > 1 and self.cache.capacity and not random_access:
-            self._prefetch(start_row, stop_row, groups)
+            self.ahead.prefetch(start_row, stop_row, groups)
         for gi in groups:
             target = view.targets[gi]
             for o, a, b, block, number in self._pieces(gi, start_row, stop_row, random_access):
@@ -590,9 +443,9 @@ class BatchReader:
                     self._check_times(view, gi, times[o : o + m], block.times[a:b], start_row + o)
                     self._verify_block(view, gi, block, number)
                 out[o : o + m, target] = block.values[:, a:b].T
-        if self.read_ahead and self.cache.capacity and not random_access:
-            self._after_read(groups, stop_row)
-        self._last_end = time.perf_counter()
+        if ahead:
+            self.ahead.after_read(groups, stop_row)
+        self.ahead.read_ends()
         return out, times
 
     def take(self, rows: np.ndarray, view: RowView | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -656,14 +509,6 @@ class BatchReader:
         ref = self.cache.peek((twin, number))
         if ref is not None and np.array_equal(ref.times, block.times):
             block.verified = True
-
-
-def _local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:
-    """Return the group-local rows of ``[start_row, stop_row)`` (empty when lo >= hi)."""
-    return (
-        max(start_row, group.start_row) - group.start_row,
-        min(stop_row, group.stop_row) - group.start_row,
-    )
 
 
 def _target(columns: tuple[int, ...]) -> slice | list[int]:

@@ -1,0 +1,212 @@
+"""ReadAhead: a reader's decoding ahead of its caller (Note: read-ahead).
+
+Note: read-ahead. Sequential reads decode ahead of the caller on one background thread (the
+native decode releases the GIL), so decoding overlaps whatever the caller does between batches
+(a training step): after a read, the next block of every group it touched is decoded in the
+background when the cache has room for it. The first read of a pass in a group whose block is
+large decodes only the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole
+block to the background, so a first batch costs about one batch's decode, not a block's; it
+costs about 10% more decoding (those rows are decoded twice, in more queries), so it is done in
+a process's first pass and in passes after one whose caller spent :data:`CONSUMER_GAP_S` or
+more between reads (training), not after back-to-back reads (a benchmark loop). A read
+that needs a block being decoded ahead waits for it. Only files read through pread
+(``read_backend="pread"``, or sources that cannot be mapped) are decoded in the background: a
+mapped file truncated while a background decode touches its pages would kill the process with
+SIGBUS, where a read in the caller's thread checks the file first and reports the change. Off
+too when more files are selected than may be open at once (an open-file eviction must not close
+a reader a decode uses).
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+
+from tsfile_torch.catalog.build import ReadGroup
+from tsfile_torch.errors import TsFileTorchError
+from tsfile_torch.read.blockcache import Block
+
+__all__ = ["CONSUMER_GAP_S", "FIRST_BLOCK_ROWS", "ReadAhead", "local_rows"]
+
+#: Rows a pass decodes first, alone, of a group whose block is at least twice as long (Note:
+#: read-ahead): about one batch.
+FIRST_BLOCK_ROWS = 8192
+#: Mean seconds a caller spends between reads (a training step) from which a pass's first
+#: reads decode small: a caller that reads back to back gains nothing from it (Note: read-ahead).
+CONSUMER_GAP_S = 0.002
+
+
+def local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:
+    """Return the group-local rows of ``[start_row, stop_row)`` (empty when lo >= hi)."""
+    return (
+        max(start_row, group.start_row) - group.start_row,
+        min(stop_row, group.stop_row) - group.start_row,
+    )
+
+
+class ReadAhead:
+    """The decoding ahead of one :class:`~tsfile_torch.read.reader.BatchReader` (see the
+    module notes): blocks decoded in the background, the pass's first reads decoded small, how
+    long the caller spends between reads, and the blocks one read needs decoded at once on the
+    decode threads (:meth:`prefetch`).
+
+    Args:
+        reader: the reader it decodes for (its catalog, cache, decoder and block layout).
+        max_open_files: the reader's open-file limit (more files: no read-ahead).
+    """
+
+    def __init__(self, reader, max_open_files: int):
+        self.reader = weakref.proxy(reader)  # the reader holds this: no reference cycle
+        catalog = reader.catalog
+        self.on = len(catalog.files) <= max_open_files
+        #: files read through pread (never mapped): the ones decoded in the background
+        self.unmapped = [
+            reader.read_backend == "pread" or info.source.mapped_path() is None
+            for info in catalog.files
+        ]
+        self.pending: dict[tuple[int, int], tuple[Future, int]] = {}  # key -> (decode, bytes)
+        self.pool: ThreadPoolExecutor | None = None
+        self.begun: set[int] = set()  # groups read since the pass began
+        self.later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
+        self.heads: dict[tuple[int, int], Block] = {}  # first reads, decoded small
+        # the caller's time between reads, over this pass: does it leave time to decode ahead?
+        self._gaps, self._reads, self._last_end = 0.0, 0, None
+        self.small_first = True  # the first pass: yes
+
+    def holds(self, key) -> bool:
+        """Whether block ``key`` is being decoded ahead or was decoded small."""
+        return key in self.pending or key in self.heads
+
+    def read_starts(self) -> None:
+        if self._last_end is not None:
+            self._gaps += time.perf_counter() - self._last_end
+            self._reads += 1
+
+    def read_ends(self) -> None:
+        self._last_end = time.perf_counter()
+
+    def first_reads(self, start_row: int, stop_row: int, groups: list[int]) -> None:
+        """Decode the pass's first read of each group whose block is large as only the rows
+        asked (on the decode threads: ``self.heads``); the blocks follow in the background."""
+        r = self.reader
+        plans = []
+        for gi in groups:
+            if gi in self.begun:
+                continue
+            self.begun.add(gi)
+            group = r.catalog.groups[gi]
+            if not self.small_first or not self.unmapped[group.file_index]:
+                continue
+            local_lo, local_hi = local_rows(group, start_row, stop_row)
+            if local_lo >= local_hi:
+                continue
+            needs = list(r._block_needs(group, local_lo, local_hi))
+            if len(needs) != 1:
+                continue
+            b, need_lo, need_hi, lo, hi = needs[0]
+            small = need_hi - need_lo <= FIRST_BLOCK_ROWS and hi - lo >= 2 * FIRST_BLOCK_ROWS
+            if small and lo <= need_lo and need_hi <= hi and (gi, b) not in r.cache:
+                plans.append(((gi, b), r.decoder.plan(gi, need_lo, need_hi)))
+        if len(plans) > 1 and r.decode_threads > 1:
+            decoded = r._decode_pool().map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans)
+        else:
+            decoded = ((key, r.decoder.decode(plan)) for key, plan in plans)
+        self.heads.update(decoded)
+
+    def prefetch(self, start_row: int, stop_row: int, groups: list[int]) -> None:
+        """Decode the missing blocks of ``[start_row, stop_row)`` on ``decode_threads`` threads.
+
+        Readers are opened and indexes built here, in the calling thread; the threads only
+        decode. Skipped when the blocks would not all fit the cache (they would be decoded
+        again) or when they span more files than may be open at once.
+        """
+        r = self.reader
+        missing, nbytes, files = [], 0, set()
+        for gi in groups:
+            group = r.catalog.groups[gi]
+            local_lo, local_hi = local_rows(group, start_row, stop_row)
+            for b, need_lo, need_hi, lo, hi in r._block_needs(group, local_lo, local_hi):
+                key = (gi, b)
+                if key not in r.cache and not self.holds(key):
+                    if need_lo < lo or need_hi > hi:
+                        return  # rows outside set_range: let the serial path handle them
+                    missing.append(((gi, b), gi, lo, hi))
+                    nbytes += (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
+                    files.add(group.file_index)
+        too_many_files = len(files) > r.files.max_open_files
+        if len(missing) < 2 or nbytes > r.cache.capacity or too_many_files:
+            return
+        plans = [(key, r.decoder.plan(gi, lo, hi)) for key, gi, lo, hi in missing]
+        pool = r._decode_pool()
+        for key, data in pool.map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans):
+            r.cache.put(key, data)
+
+    def decode_ahead(self, gi: int, b: int) -> None:
+        """Start decoding block ``b`` of group ``gi`` in the background, if it is missing, in
+        range and fits the cache beside what is there."""
+        r = self.reader
+        group = r.catalog.groups[gi]
+        key = (gi, b)
+        if key in self.pending or key in r.cache or not self.unmapped[group.file_index]:
+            return
+        lo, hi = r._block_rows_of(group, b)
+        if lo >= hi:
+            return
+        nbytes = (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
+        pending = sum(n for _, n in self.pending.values())
+        if r.cache.nbytes + pending + nbytes > r.cache.capacity:
+            return
+        plan = r.decoder.plan(gi, lo, hi)  # readers and indexes: in this thread
+        if self.pool is None:
+            threads = max(1, r.decode_threads)
+            self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
+        self.pending[key] = (self.pool.submit(r.decoder.decode, plan), nbytes)
+
+    def take(self, key) -> Block | None:
+        """Return block ``key`` if it is being decoded ahead (waiting for it), stored."""
+        r = self.reader
+        pending = self.pending.pop(key, None)
+        if pending is None:
+            return None
+        block = pending[0].result()  # a failed decode raises here, as it would have inline
+        r.cache.put(key, block)
+        return block
+
+    def after_read(self, groups: list[int], stop_row: int) -> None:
+        """Decode ahead the blocks a first read left out, then the block after the last one a
+        read touched, in each of its groups."""
+        r = self.reader
+        later, self.later = self.later, []
+        for gi, b in later:
+            self.decode_ahead(gi, b)
+        for gi in groups:
+            group = r.catalog.groups[gi]
+            local = min(stop_row, group.stop_row) - group.start_row
+            if 0 < local < group.num_rows:
+                self.decode_ahead(gi, (local - 1) // r.block_rows + 1)
+
+    def new_pass(self) -> None:
+        """Wait for the decodes ahead and drop their blocks (a new pass, a new range, close)."""
+        r = self.reader
+        for head in self.heads.values():
+            r.cache.recycle(head)
+        self.heads.clear()
+        ahead, self.pending = self.pending, {}
+        for future, _ in ahead.values():
+            if not future.cancel():
+                try:
+                    r.cache.recycle(future.result())
+                except (TsFileTorchError, OSError):  # never asked for: a read would raise it
+                    pass
+        self.begun.clear()
+        if self._reads:
+            self.small_first = self._gaps / self._reads >= CONSUMER_GAP_S
+        self._gaps, self._reads, self._last_end = 0.0, 0, None
+
+    def close(self) -> None:
+        """Stop decoding ahead (the reader closes)."""
+        self.new_pass()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+            self.pool = None
