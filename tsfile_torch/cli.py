@@ -80,7 +80,10 @@ def _bench_startup(args: argparse.Namespace) -> int:
     data = args.data or reference_data(args.cache_dir)
     rounds = 1 if args.quick else (args.rounds or 3)
     workers = tuple(args.workers) if args.workers else (0, 2)
-    records = startup.run_startup(data, workers, rounds, progress=not args.no_progress)
+    backends = tuple(args.backends) if args.backends else ("auto", "pread")
+    records = startup.run_startup(
+        data, workers, rounds, progress=not args.no_progress, backends=backends
+    )
     print(startup.format_startup(records))
     if args.json:
         write_json(records, args.json, append=True)

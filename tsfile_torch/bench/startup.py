@@ -1,15 +1,17 @@
 """``tsfile-torch bench --startup``: build, first batch and overlap with a training step.
 
 Each round runs in a new interpreter (nothing warm but the page cache: the files are read once
-before) over the reference dataset, for 0 and 2 workers, streaming (``cache="none"``):
+before) over the reference dataset, for 0 and 2 workers and the ``auto`` and ``pread`` backends
+(read-ahead decodes only files read through pread), streaming (``cache="none"``):
 
 - **build**: ``TsFileIterableDataset(...)`` and ``make_loader(...)``;
 - **first batch**: from ``iter(loader)`` to the first batch; **first epoch**: to its end;
 - **later epochs**: the median of 3 later epochs, and a steady-state batch (a later epoch's
   time over its batches);
-- **with a step**: later epochs whose consumer spends ``--step-ms`` (default 20) per batch in a
-  busy loop holding the GIL (the worst case for decoding in the same process), against
-  ``max(later epoch, batches x step)``: 1.0 means decoding fully overlapped the steps.
+- **with a step**: later epochs whose consumer spends about 20 ms per batch in torch matrix
+  products on one thread (a training step: torch releases the GIL in its kernels, as a model
+  does), against ``max(later epoch, batches x step)``: 1.0 means decoding fully overlapped the
+  steps.
 
 Reported as ratios (issue #26's targets): first batch / steady batch, (build + first epoch) /
 later epoch, epoch with steps / max(epoch, steps), medians over rounds.
@@ -29,16 +31,35 @@ import json, sys, time
 t0 = time.perf_counter()
 from tsfile_torch import TsFileIterableDataset, make_loader
 imported = time.perf_counter()
-data, workers, step = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
+data, workers, step, backend = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
 
-def spin(seconds):
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+import torch
+
+torch.set_num_threads(1)
+_a = torch.randn(192, 192)
+
+def _matmuls(n):
+    for _ in range(n):
+        torch.mm(_a, _a)
+
+def _calibrate(seconds):
+    n, t = 8, 0.0
+    while t < 0.05:
+        n *= 2
+        t0 = time.perf_counter()
+        _matmuls(n)
+        t = time.perf_counter() - t0
+    return max(1, round(n * seconds / t))
+
+def spin(seconds, _n={}):
+    # a training step: torch kernels, which release the GIL as a model's would
+    if seconds not in _n:
+        _n[seconds] = _calibrate(seconds)
+    _matmuls(_n[seconds])
 
 def main():
     t = time.perf_counter()
-    ds = TsFileIterableDataset(data, batch_size=8192)
+    ds = TsFileIterableDataset(data, batch_size=8192, read_backend=backend)
     loader = make_loader(ds, num_workers=workers)
     build = time.perf_counter() - t
     t = time.perf_counter()
@@ -59,7 +80,7 @@ def main():
 
     later = sorted(epoch(0) for _ in range(3))[1]
     stepped = sorted(epoch(step) for _ in range(3))[1]
-    print(json.dumps({"workers": workers, "build": build, "first_batch": first,
+    print(json.dumps({"workers": workers, "backend": backend, "build": build, "first_batch": first,
                       "first_epoch": first_epoch, "later": later, "batches": batches,
                       "stepped": stepped, "step": step, "import": imported - t0}))
 
@@ -69,7 +90,12 @@ if __name__ == "__main__":
 
 
 def run_startup(
-    data: str, workers=(0, 2), rounds: int = 3, step_ms: float = 20.0, progress: bool = True
+    data: str,
+    workers=(0, 2),
+    rounds: int = 3,
+    step_ms: float = 20.0,
+    progress: bool = True,
+    backends=("auto", "pread"),
 ) -> list[dict]:
     """Run the startup benchmark (see the module notes); return one record per run."""
     import glob
@@ -80,12 +106,12 @@ def run_startup(
     from tsfile_torch.bench.reference import warm_page_cache
 
     files = sorted(glob.glob(os.path.join(data, "*.tsfile")))
-    runs = [(r, w) for r in range(rounds) for w in workers]
+    runs = [(r, w, b) for r in range(rounds) for w in workers for b in backends]
     records = []
-    for r, w in tqdm(runs, desc="startup", disable=not progress):
+    for r, w, b in tqdm(runs, desc="startup", disable=not progress):
         warm_page_cache(files)
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, data, str(w), str(step_ms / 1000)],
+            [sys.executable, "-c", _CHILD, data, str(w), str(step_ms / 1000), b],
             check=True,
             capture_output=True,
             text=True,
@@ -99,14 +125,15 @@ def run_startup(
 def summarize_startup(records: list[dict]) -> list[dict]:
     """Per number of workers: the medians of the ratios the targets are stated in."""
     out = []
-    for w in sorted({r["workers"] for r in records}):
-        runs = [r for r in records if r["workers"] == w]
+    for b, w in sorted({(r["backend"], r["workers"]) for r in records}):
+        runs = [r for r in records if r["workers"] == w and r["backend"] == b]
 
         def med(f, runs=runs):
             return statistics.median(f(r) for r in runs)
 
         out.append(
             {
+                "backend": b,
                 "workers": w,
                 "build_s": med(lambda r: r["build"]),
                 "first_batch_s": med(lambda r: r["first_batch"]),
@@ -129,13 +156,13 @@ def format_startup(records: list[dict]) -> str:
     """A text table of :func:`summarize_startup` (ratios: medians over rounds)."""
     rows = summarize_startup(records)
     head = (
-        f"{'workers':>7} {'build s':>8} {'1st batch s':>11} {'later s':>8} "
+        f"{'backend':>7} {'workers':>7} {'build s':>8} {'1st batch s':>11} {'later s':>8} "
         f"{'1st batch / steady':>18} {'(build+1st)/later':>17} {'with steps / bound':>18}"
     )
     lines = [head, "-" * len(head)]
     for s in rows:
         lines.append(
-            f"{s['workers']:>7} {s['build_s']:>8.3f} {s['first_batch_s']:>11.3f} "
+            f"{s['backend']:>7} {s['workers']:>7} {s['build_s']:>8.3f} {s['first_batch_s']:>11.3f} "
             f"{s['later_epoch_s']:>8.3f} {s['first_batch_over_steady']:>18.2f} "
             f"{s['build_first_epoch_over_later']:>17.2f} {s['stepped_over_bound']:>18.2f}"
         )
