@@ -1,25 +1,24 @@
 """ReadAhead: a reader's decoding ahead of its caller (Note: read-ahead).
 
-Note: read-ahead. Sequential reads decode ahead of the caller on one background thread (the
+Note: read-ahead. Sequential reads decode ahead of the caller on background threads (the
 native decode releases the GIL), so decoding overlaps whatever the caller does between batches
 (a training step): after a read, the next block of every group it touched is decoded in the
-background when the cache has room for it. The first read of a pass in a group whose block is
-large decodes only the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole
-block to the background, so a first batch costs about one batch's decode, not a block's; it
-costs about 10% more decoding (those rows are decoded twice, in more queries), so it is done in
-a process's first pass and in passes after one whose caller spent :data:`CONSUMER_GAP_S` or
-more between reads (training), not after back-to-back reads (a benchmark loop). A read
-that needs a block being decoded ahead waits for it. Only files read through pread
-(``read_backend="pread"``, or sources that cannot be mapped) are decoded in the background: a
-mapped file truncated while a background decode touches its pages would kill the process with
-SIGBUS, where a read in the caller's thread checks the file first and reports the change. Off
-too when more files are selected than may be open at once (an open-file eviction must not close
-a reader a decode uses).
+background when the cache has room for it; a read that needs a block being decoded ahead waits
+for it. In a process's first pass, the first read of a group whose block is large decodes only
+the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole block to the
+background, so the first batch of a run costs about one batch's decode, not a block's. Later
+passes do not: it costs about 10% more decoding (those rows are decoded twice, in more
+queries), and a later epoch's first batch follows a training step, not a start-up.
+
+Only files read through pread (``read_backend="pread"``, or sources that cannot be mapped) are
+decoded in the background: a mapped file truncated while a background decode touches its pages
+would kill the process with SIGBUS, where a read in the caller's thread checks the file first
+and reports the change. Off too when more files are selected than may be open at once (an
+open-file eviction must not close a reader a decode uses).
 """
 
 from __future__ import annotations
 
-import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -27,14 +26,12 @@ from tsfile_torch.catalog.build import ReadGroup
 from tsfile_torch.errors import TsFileTorchError
 from tsfile_torch.read.blockcache import Block
 
-__all__ = ["CONSUMER_GAP_S", "FIRST_BLOCK_ROWS", "ReadAhead", "local_rows"]
+__all__ = ["FIRST_BLOCK_ROWS", "ReadAhead", "local_rows"]
 
 #: Rows a pass decodes first, alone, of a group whose block is at least twice as long (Note:
 #: read-ahead): about one batch.
 FIRST_BLOCK_ROWS = 8192
-#: Mean seconds a caller spends between reads (a training step) from which a pass's first
-#: reads decode small: a caller that reads back to back gains nothing from it (Note: read-ahead).
-CONSUMER_GAP_S = 0.002
+
 
 
 def local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:
@@ -70,21 +67,11 @@ class ReadAhead:
         self.begun: set[int] = set()  # groups read since the pass began
         self.later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
         self.heads: dict[tuple[int, int], Block] = {}  # first reads, decoded small
-        # the caller's time between reads, over this pass: does it leave time to decode ahead?
-        self._gaps, self._reads, self._last_end = 0.0, 0, None
-        self.small_first = True  # the first pass: yes
+        self.small_first = True  # the first pass of the process (see the module notes)
 
     def holds(self, key) -> bool:
         """Whether block ``key`` is being decoded ahead or was decoded small."""
         return key in self.pending or key in self.heads
-
-    def read_starts(self) -> None:
-        if self._last_end is not None:
-            self._gaps += time.perf_counter() - self._last_end
-            self._reads += 1
-
-    def read_ends(self) -> None:
-        self._last_end = time.perf_counter()
 
     def first_reads(self, start_row: int, stop_row: int, groups: list[int]) -> None:
         """Decode the pass's first read of each group whose block is large as only the rows
@@ -199,10 +186,9 @@ class ReadAhead:
                     r.cache.recycle(future.result())
                 except (TsFileTorchError, OSError):  # never asked for: a read would raise it
                     pass
+        if self.begun:
+            self.small_first = False  # a pass has read: later passes decode whole blocks
         self.begun.clear()
-        if self._reads:
-            self.small_first = self._gaps / self._reads >= CONSUMER_GAP_S
-        self._gaps, self._reads, self._last_end = 0.0, 0, None
 
     def close(self) -> None:
         """Stop decoding ahead (the reader closes)."""

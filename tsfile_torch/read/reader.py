@@ -428,7 +428,6 @@ class BatchReader:
         times = np.empty(n, dtype=np.int64)
         groups = view.segments.groups(start_row, stop_row)
         ahead = self.ahead.on and self.cache.capacity and not random_access
-        self.ahead.read_starts()
         if ahead:
             self.ahead.first_reads(start_row, stop_row, groups)
         if self.decode_threads > 1 and self.cache.capacity and not random_access:
@@ -445,7 +444,6 @@ class BatchReader:
                 out[o : o + m, target] = block.values[:, a:b].T
         if ahead:
             self.ahead.after_read(groups, stop_row)
-        self.ahead.read_ends()
         return out, times
 
     def take(self, rows: np.ndarray, view: RowView | None = None) -> tuple[np.ndarray, np.ndarray]:
