@@ -222,7 +222,14 @@ def test_a_main_process_interrupted_or_killed_mid_epoch_leaves_no_slot(small_dir
     try:
         assert child.stdout.readline().strip() == "reading"
         child.send_signal(how)
-        child.communicate(timeout=60)
+        try:
+            child.communicate(timeout=120)
+        except subprocess.TimeoutExpired:  # say where it hangs before failing
+            threads = [
+                (t.name, (t / "wchan").read_text())
+                for t in Path(f"/proc/{child.pid}/task").iterdir()
+            ]
+            pytest.fail(f"the child did not end within 120 s after {how!r}; its threads: {threads}")
     finally:
         child.kill()
     deadline = time.monotonic() + 20  # the resource tracker cleans up after a SIGKILL
