@@ -126,16 +126,29 @@ def test_window_batches_tuple_and_dict_items_from_workers(tmp_path):
             assert torch.equal(x, y)
 
 
-def test_a_batch_that_is_not_in_a_slot_goes_as_before(small_dir, small_expected):
-    # float16 batches are converted after the read: the slot is freed at once, the batch goes
-    # through torch's own sharing
+def test_tensors_made_after_the_read_are_copied_into_a_slot_too(small_dir, small_expected, counted):
+    # float16 batches are converted after the read, a user's collate_fn makes new tensors:
+    # they are copied into a slot, so no tensor travels as a handle fetched from the worker
     ds = TsFileIterableDataset(small_dir, batch_size=1000, dtype="float16")
     loader = make_loader(ds, num_workers=2)
     for _ in range(2):
         got = torch.cat(list(loader)).float().numpy()
         expected = small_expected.astype(np.float32).astype(np.float16).astype(np.float32)
         assert sorted(map(tuple, got.tolist())) == sorted(map(tuple, expected.tolist()))
-    assert _segments_made(loader) <= 2  # one slot per worker, reused
+    assert len(counted) == 10  # every batch through the ring
+    keep = {}
+
+    def collate(batch):  # new tensors, one of them kept by the caller's code in the worker
+        keep["last"] = batch * 2
+        return {"twice": keep["last"], "sum": batch.sum(dim=1)}
+
+    ds = TsFileIterableDataset(small_dir, batch_size=1000, dtype="float64")
+    out = list(make_loader(ds, num_workers=2, collate_fn=collate))
+    assert len(counted) == 15
+    twice = torch.cat([o["twice"] for o in out]).numpy()
+    assert sorted(twice[:, 0].tolist()) == sorted((2 * small_expected[:, 0]).tolist())
+    sums = torch.cat([o["sum"] for o in out]).numpy()
+    assert sorted(sums.tolist()) == pytest.approx(sorted(small_expected.sum(axis=1).tolist()))
 
 
 def test_breaking_out_of_an_epoch_keeps_the_next_epochs_exact(small_dir, small_expected):

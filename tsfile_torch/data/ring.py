@@ -120,20 +120,74 @@ class RingBatch:
 
 
 def pack(batch):
-    """Return ``batch`` (in a worker) with its ring-slot tensors as :class:`SlotTensor` (a
-    :class:`RingBatch`), or as it is when it holds none."""
+    """Return ``batch`` (in a worker) with its tensors as :class:`SlotTensor` (a
+    :class:`RingBatch`), or as it is when it holds none.
+
+    Tensors already in a slot of this batch are described where they are; the others (made
+    after the read: a dtype conversion, a model's inputs, a user's collate function) are copied
+    into one more slot first, so no tensor of the batch travels as a shared-memory handle the
+    main process would fetch from the worker (a wait no ``timeout`` covers).
+    """
     ring = worker_ring()
-    if ring is None or not ring.pending:
+    if ring is None or isinstance(batch, KeptBatch):
         return batch
+    others: list[torch.Tensor] = []
+    _collect(batch, ring, others)
+    copies = _copy_in(others, ring) if others else {}
     used: set[int] = set()
-    packed = _pack(batch, ring, used)
+    packed = _pack(batch, ring, used, copies)
     ring.packed(used)
     return RingBatch(packed) if used else batch
 
 
-def _pack(value, ring, used: set[int]):
+def _sendable(value: torch.Tensor) -> bool:
+    return (
+        value.numel() > 0
+        and value.device.type == "cpu"
+        and value.layout == torch.strided
+        and not value.requires_grad
+        and all(s >= 0 for s in value.stride())
+    )
+
+
+def _collect(value, ring, out: list) -> None:
+    """Append to ``out`` the tensors of ``value`` that lie in no slot of this batch."""
     if isinstance(value, torch.Tensor):
-        if value.numel() == 0 or value.is_cuda or any(s < 0 for s in value.stride()):
+        if _sendable(value) and ring.locate(value.data_ptr()) is None:
+            out.append(value)
+    elif isinstance(value, WindowBatch):
+        for part in value.parts:
+            _collect(part, ring, out)
+    elif isinstance(value, dict):
+        for v in value.values():
+            _collect(v, ring, out)
+    elif isinstance(value, (tuple, list)) and not isinstance(value, KeptBatch):
+        for v in value:
+            _collect(v, ring, out)
+
+
+def _copy_in(tensors: list[torch.Tensor], ring) -> dict[int, torch.Tensor]:
+    """Copy ``tensors`` into one more slot; return their copies there by ``id`` of the
+    original (the batch's own tensors are left as they are: a dataset may keep them)."""
+    spans, total = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        spans.append((total, nbytes))
+        total += -(-nbytes // 64) * 64
+    buffer = ring.take(total)
+    if buffer is None:
+        return {}  # no slot: they go as torch sends them
+    copies = {}
+    for t, (lo, nbytes) in zip(tensors, spans, strict=True):
+        copy = torch.frombuffer(buffer[lo : lo + nbytes], dtype=t.dtype).view(t.shape)
+        copies[id(t)] = copy.copy_(t)
+    return copies
+
+
+def _pack(value, ring, used: set[int], copies: dict):
+    if isinstance(value, torch.Tensor):
+        value = copies.get(id(value), value)
+        if not _sendable(value):
             return value
         where = ring.locate(value.data_ptr())
         if where is None:
@@ -144,15 +198,15 @@ def _pack(value, ring, used: set[int]):
             ring.worker, slot, gen, offset, value.dtype, tuple(value.shape), value.stride()
         )
     if isinstance(value, WindowBatch):
-        return WindowBatch(tuple(_pack(p, ring, used) for p in value.parts), value.keys)
+        return WindowBatch(tuple(_pack(p, ring, used, copies) for p in value.parts), value.keys)
     if isinstance(value, KeptBatch):
         return value
     if isinstance(value, dict):
-        return type(value)((k, _pack(v, ring, used)) for k, v in value.items())
+        return type(value)((k, _pack(v, ring, used, copies)) for k, v in value.items())
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(_pack(v, ring, used) for v in value))
+        return type(value)(*(_pack(v, ring, used, copies) for v in value))
     if isinstance(value, (tuple, list)):
-        return type(value)(_pack(v, ring, used) for v in value)
+        return type(value)(_pack(v, ring, used, copies) for v in value)
     return value
 
 
