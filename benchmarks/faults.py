@@ -841,8 +841,9 @@ def scenario_worker_stop(case: Case, data: Path, work: Path) -> dict:
         else:
             raise Missed(f"worker pid {stopped} SIGSTOPped: the epoch ended without error")
         del it
-        if case.args["cont"]:
-            os.kill(stopped, signal.SIGCONT)
+        if case.args["cont"]:  # (the loader may have ended it with the error already)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(stopped, signal.SIGCONT)
         again = time.monotonic()
         rows = _judge_rows(ds, judge, _epoch(loader, 30, "the next epoch"), "the next epoch")
         took = time.monotonic() - again

@@ -8,6 +8,7 @@ Row data: ``synthetic.write_table_files`` (value of (file, column, row) known); 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -200,8 +201,10 @@ def test_a_stopped_worker_is_a_worker_error_naming_it_within_the_timeout(small_d
             for _ in it:
                 pass
         assert time.monotonic() - start < 15
+        assert not Path(f"/proc/{pid}").exists()  # retired with the error: killed, reaped
     finally:
-        os.kill(pid, signal.SIGCONT)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
     assert len(torch.cat(list(loader))) == 5000  # the next epoch has new workers
 
 

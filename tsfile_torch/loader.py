@@ -143,9 +143,6 @@ class _Pass:
             raise
         except (RuntimeError, ConnectionError, EOFError) as err:
             self._end()
-            self._loader._failed = self._inner  # the next pass starts new workers (_retire)
-            if self._ring is not None:
-                self._ring.close()
             context = self._loader.multiprocessing_context
             better = explain_worker_failure(
                 err,
@@ -155,6 +152,11 @@ class _Pass:
             )
             if better is None:
                 raise
+            # a worker died or stalled: end this pass's workers now (a kept error would keep
+            # them until a garbage collection); the next pass starts new ones
+            _retire(self._loader, self._inner)
+            if self._ring is not None:
+                self._ring.close()
             raise better from err
         except BaseException:
             self._end()
@@ -193,7 +195,6 @@ class _Guarded:
     """Mixin of make_loader's loaders (see the module notes)."""
 
     _sums_checked = False
-    _failed = None  # the iterator of a pass that ended in a worker failure
 
     def __iter__(self):
         # one check-and-claim at a time: two threads starting loaders over one dataset object
@@ -220,9 +221,6 @@ class _Guarded:
         start = self._start_point()
         # before the DataLoader touches process settings
         scope = LoaderScope(self._spec.slots, self.num_workers > 0)
-        failed, self._failed = self._failed, None
-        if failed is not None:
-            _retire(self, failed)
         ring = getattr(self, "_ring", None)
         if ring is not None:
             if self._iterator is None or not self.persistent_workers:
