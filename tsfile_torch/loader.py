@@ -28,6 +28,7 @@ Epochs need nothing from the loader: each pass claims the dataset's next epoch (
 
 from __future__ import annotations
 
+import atexit
 import functools
 import multiprocessing
 import os
@@ -231,6 +232,9 @@ class _Guarded:
         except BaseException:
             scope.close()
             raise
+        if self.num_workers:
+            _end_workers_at_exit()
+            _LOADERS.add(self)
         out = _Pass(self, inner, scope, start)
         self._running = weakref.ref(out)
         ds.__dict__["_running_loader"] = weakref.ref(self)
@@ -270,21 +274,50 @@ class _Guarded:
         return EpochSums(ds.catalog, _EPS[ds.options.dtype])
 
 
-def _retire(loader, failed) -> None:
+def _retire(loader, failed, gentle: bool = False) -> None:
     """Shut down the workers of an iterator whose pass ended in a worker failure (dead, stopped
-    or stalled workers), so the next pass starts new ones instead of waiting on them."""
+    or stalled workers), so the next pass starts new ones instead of waiting on them.
+
+    ``gentle``: SIGTERM first (a worker then removes what it made, Note: nothing left behind in
+    :mod:`tsfile_torch.process`), SIGKILL for one still there after a second.
+    """
     if getattr(loader, "_iterator", None) is failed:
         loader._iterator = None
     workers = getattr(failed, "_workers", ())
     if getattr(failed, "_worker_pids_set", False):  # before any kill: no SIGCHLD error
         tud._utils.signal_handling._remove_worker_pids(id(failed))
         failed._worker_pids_set = False
+    if gentle:
+        for w in workers:
+            if w.is_alive():
+                w.terminate()
+        for w in workers:
+            w.join(timeout=1.0)
     for w in workers:
         if w.is_alive():
             w.kill()  # stopped or stalled: it would not exit when asked
     shutdown = getattr(failed, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+
+
+#: loaders whose workers may be running (their iterators are ended at interpreter exit)
+_LOADERS: weakref.WeakSet = weakref.WeakSet()
+
+
+@functools.cache
+def _end_workers_at_exit() -> None:
+    """At interpreter exit (after Ctrl-C, say), end every make_loader loader's workers at once
+    instead of through torch's shutdown, which waits up to 5 s per worker for an answer and more
+    when the exit has already closed the queues it asks through."""
+
+    def end_all() -> None:
+        for loader in list(_LOADERS):
+            it = getattr(loader, "_iterator", None)
+            if it is not None and getattr(it, "_workers", None):
+                _retire(loader, it, gentle=True)
+
+    atexit.register(end_all)
 
 
 class TsFileDataLoader(_Guarded, tud.DataLoader):
