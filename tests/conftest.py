@@ -7,6 +7,7 @@ build the expected matrix for any row range, so a test's expected answer is one 
 
 from __future__ import annotations
 
+import signal
 import sys
 
 import numpy as np
@@ -183,6 +184,19 @@ def _stop_fsspec_io_thread() -> None:
         loop.run_until_complete(loop.shutdown_default_executor())
         loop.close()
     asyn.reset_lock()
+
+
+_SIGINT_AT_START = signal.getsignal(signal.SIGINT)
+
+
+@pytest.fixture(autouse=True)
+def _sigint_restored():
+    """A test (or a library it starts, Ray's driver among them) that leaves SIGINT ignored would
+    make every later child interpreter ignore Ctrl-C too (an ignored signal is inherited across
+    fork and exec): put the session's handler back after each test."""
+    yield
+    if signal.getsignal(signal.SIGINT) is not _SIGINT_AT_START:
+        signal.signal(signal.SIGINT, _SIGINT_AT_START)
 
 
 @pytest.fixture(autouse=True)
