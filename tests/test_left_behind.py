@@ -24,6 +24,8 @@ import os, signal, sys, time
 import torch.utils.data as tud
 from tsfile_torch import TsFileIterableDataset, make_loader
 
+# as in a terminal: a shell's background job (CI) starts with SIGINT ignored; children inherit
+signal.signal(signal.SIGINT, signal.default_int_handler)
 directory, how, kind = sys.argv[1:4]
 ds = TsFileIterableDataset(directory, batch_size=500)
 if kind == "plain":

@@ -213,6 +213,8 @@ import os, signal, sys, time
 from tsfile_torch import TsFileIterableDataset, make_loader
 
 if __name__ == "__main__":
+    # as in a terminal: a shell's background job (CI) starts with SIGINT ignored, inherited here
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ds = TsFileIterableDataset(sys.argv[1], batch_size=250)
     loader = make_loader(ds, num_workers=2)
     for i, batch in enumerate(loader):
