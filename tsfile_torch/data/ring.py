@@ -132,10 +132,16 @@ def pack(batch):
     if ring is None or isinstance(batch, KeptBatch):
         return batch
     others: list[torch.Tensor] = []
-    _collect(batch, ring, others)
+
+    def collect(t):
+        if isinstance(t, torch.Tensor) and _sendable(t) and ring.locate(t.data_ptr()) is None:
+            others.append(t)
+        return t
+
+    _rebuild(batch, collect)
     copies = _copy_in(others, ring) if others else {}
     used: set[int] = set()
-    packed = _pack(batch, ring, used, copies)
+    packed = _rebuild(batch, lambda t: _slot_tensor(copies.get(id(t), t), ring, used))
     ring.packed(used)
     return RingBatch(packed) if used else batch
 
@@ -150,20 +156,21 @@ def _sendable(value: torch.Tensor) -> bool:
     )
 
 
-def _collect(value, ring, out: list) -> None:
-    """Append to ``out`` the tensors of ``value`` that lie in no slot of this batch."""
-    if isinstance(value, torch.Tensor):
-        if _sendable(value) and ring.locate(value.data_ptr()) is None:
-            out.append(value)
-    elif isinstance(value, WindowBatch):
-        for part in value.parts:
-            _collect(part, ring, out)
-    elif isinstance(value, dict):
-        for v in value.values():
-            _collect(v, ring, out)
-    elif isinstance(value, (tuple, list)) and not isinstance(value, KeptBatch):
-        for v in value:
-            _collect(v, ring, out)
+def _rebuild(value, leaf):
+    """Return ``value`` with every leaf (a tensor, a :class:`SlotTensor`) replaced by
+    ``leaf(it)``, the containers a batch is made of (tuples, named tuples, lists, dicts,
+    :class:`WindowBatch`) rebuilt around them; a KeptBatch and anything else as it is."""
+    if isinstance(value, (torch.Tensor, SlotTensor)):
+        return leaf(value)
+    if isinstance(value, WindowBatch):
+        return WindowBatch(tuple(_rebuild(p, leaf) for p in value.parts), value.keys)
+    if isinstance(value, dict):
+        return type(value)((k, _rebuild(v, leaf)) for k, v in value.items())
+    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
+        return type(value)(*(_rebuild(v, leaf) for v in value))
+    if isinstance(value, (tuple, list)):
+        return type(value)(_rebuild(v, leaf) for v in value)
+    return value
 
 
 def _copy_in(tensors: list[torch.Tensor], ring) -> dict[int, torch.Tensor]:
@@ -184,30 +191,19 @@ def _copy_in(tensors: list[torch.Tensor], ring) -> dict[int, torch.Tensor]:
     return copies
 
 
-def _pack(value, ring, used: set[int], copies: dict):
-    if isinstance(value, torch.Tensor):
-        value = copies.get(id(value), value)
-        if not _sendable(value):
-            return value
-        where = ring.locate(value.data_ptr())
-        if where is None:
-            return value
-        slot, gen, offset = where
-        used.add(slot)
-        return SlotTensor(
-            ring.worker, slot, gen, offset, value.dtype, tuple(value.shape), value.stride()
-        )
-    if isinstance(value, WindowBatch):
-        return WindowBatch(tuple(_pack(p, ring, used, copies) for p in value.parts), value.keys)
-    if isinstance(value, KeptBatch):
+def _slot_tensor(value: torch.Tensor, ring, used: set[int]):
+    """Return ``value`` as a :class:`SlotTensor` if it lies in a slot of this batch (noting the
+    slot in ``used``), else as it is."""
+    if not _sendable(value):
         return value
-    if isinstance(value, dict):
-        return type(value)((k, _pack(v, ring, used, copies)) for k, v in value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
-        return type(value)(*(_pack(v, ring, used, copies) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_pack(v, ring, used, copies) for v in value)
-    return value
+    where = ring.locate(value.data_ptr())
+    if where is None:
+        return value
+    slot, gen, offset = where
+    used.add(slot)
+    return SlotTensor(
+        ring.worker, slot, gen, offset, value.dtype, tuple(value.shape), value.stride()
+    )
 
 
 class RingCollate:
@@ -233,7 +229,7 @@ class RingReceiver:
     def unpack(self, batch: RingBatch):
         """Return the batch as tensors viewing the slots (call :meth:`release` before)."""
         buffers: dict[tuple[int, int], np.ndarray] = {}
-        out = _unpack(batch.packed, self, buffers)
+        out = _rebuild(batch.packed, lambda v: _tensor_of(v, self, buffers))
         for (worker, slot), buffer in buffers.items():
             gen = self._maps[worker, slot][0]
             self._handed.append((worker, slot, gen, weakref.ref(buffer)))
@@ -299,22 +295,15 @@ class RingReceiver:
         _unlink_unmapped(self.control, self._maps)
 
 
-def _unpack(value, receiver: RingReceiver, buffers: dict):
-    if isinstance(value, SlotTensor):
-        buffer = receiver.buffer(value.worker, value.slot, value.gen, buffers)
-        itemsize = torch.empty(0, dtype=value.dtype).element_size()
-        span = sum((n - 1) * s for n, s in zip(value.shape, value.stride, strict=True)) + 1
-        flat = buffer[value.offset : value.offset + span * itemsize]
-        return torch.frombuffer(flat, dtype=value.dtype).as_strided(value.shape, value.stride)
-    if isinstance(value, WindowBatch):
-        return WindowBatch(tuple(_unpack(p, receiver, buffers) for p in value.parts), value.keys)
-    if isinstance(value, dict):
-        return type(value)((k, _unpack(v, receiver, buffers)) for k, v in value.items())
-    if isinstance(value, tuple) and hasattr(value, "_fields"):
-        return type(value)(*(_unpack(v, receiver, buffers) for v in value))
-    if isinstance(value, (tuple, list)):
-        return type(value)(_unpack(v, receiver, buffers) for v in value)
-    return value
+def _tensor_of(value, receiver: RingReceiver, buffers: dict):
+    """Return the tensor a :class:`SlotTensor` describes, viewing the slot (others as they are)."""
+    if not isinstance(value, SlotTensor):
+        return value
+    buffer = receiver.buffer(value.worker, value.slot, value.gen, buffers)
+    itemsize = torch.empty(0, dtype=value.dtype).element_size()
+    span = sum((n - 1) * s for n, s in zip(value.shape, value.stride, strict=True)) + 1
+    flat = buffer[value.offset : value.offset + span * itemsize]
+    return torch.frombuffer(flat, dtype=value.dtype).as_strided(value.shape, value.stride)
 
 
 def _unlink(name: str) -> None:
