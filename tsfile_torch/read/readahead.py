@@ -95,11 +95,7 @@ class ReadAhead:
             small = need_hi - need_lo <= FIRST_BLOCK_ROWS and hi - lo >= 2 * FIRST_BLOCK_ROWS
             if small and lo <= need_lo and need_hi <= hi and (gi, b) not in r.cache:
                 plans.append(((gi, b), r.decoder.plan(gi, need_lo, need_hi)))
-        if len(plans) > 1 and r.decode_threads > 1:
-            decoded = r._decode_pool().map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans)
-        else:
-            decoded = ((key, r.decoder.decode(plan)) for key, plan in plans)
-        self.heads.update(decoded)
+        self.heads.update(self._decode_all(plans))
 
     def prefetch(self, start_row: int, stop_row: int, groups: list[int]) -> None:
         """Decode the missing blocks of ``[start_row, stop_row)`` on ``decode_threads`` threads.
@@ -125,9 +121,17 @@ class ReadAhead:
         if len(missing) < 2 or nbytes > r.cache.capacity or too_many_files:
             return
         plans = [(key, r.decoder.plan(gi, lo, hi)) for key, gi, lo, hi in missing]
-        pool = r._decode_pool()
-        for key, data in pool.map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans):
+        for key, data in self._decode_all(plans):
             r.cache.put(key, data)
+
+    def _decode_all(self, plans: list):
+        """Yield (key, block) for planned reads (key, plan), on the decode threads when there
+        are several of both (plans are made in the calling thread: opens, indexes)."""
+        r = self.reader
+        if len(plans) > 1 and r.decode_threads > 1:
+            yield from r._decode_pool().map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans)
+        else:
+            yield from ((key, r.decoder.decode(plan)) for key, plan in plans)
 
     def decode_ahead(self, gi: int, b: int) -> None:
         """Start decoding block ``b`` of group ``gi`` in the background, if it is missing, in
