@@ -200,10 +200,9 @@ class _Rows(View):
             return self._as_batch(
                 *core.rows(0, start, stop, order == "random", self._out(stop - start))
             )
-        rows = np.sort(items)
-        if core.kept(0, rows=rows):
-            return KeptBatch((items, order))
-        return self._as_batch(*core.take(0, rows, self._out(len(rows))))
+        # a gather is a copy wherever it is made: made here, in the worker (into its ring
+        # slot), not by the main process from its own mapping (Note: hand-over)
+        return self._as_batch(*core.take(0, np.sort(items), self._out(len(items))))
 
     def _out(self, n: int):
         """Return the arrays a batch of ``n`` rows is read into (Note: hand-over)."""

@@ -230,11 +230,8 @@ class ReadingCore:
             for columns, what in tables
         ]
         #: sums of decoded cells, shared with workers (Note: cell sums)
-        self._cells = (
-            CellSums(catalog, math.gcd(CELL_ROWS, self.block_rows, *decode_grid))
-            if self.options.check_statistics
-            else None
-        )
+        grid = math.gcd(CELL_ROWS, self.block_rows, *decode_grid)
+        self._cells = CellSums(catalog, grid) if self.options.check_statistics else None
 
     def finish(
         self,
@@ -332,6 +329,8 @@ class ReadingCore:
         it where nothing has to be done to them afterwards.
         """
         store = self.store()
+        if random_access and store is not None and start < stop:
+            _keep_blocks(self, table, np.r_[start : stop : self.block_rows, stop - 1])
         if store is not None and store.has(table, start, stop):
             values, times = store.get(table, start, stop)
             return _copy(values, times, out)
@@ -361,6 +360,8 @@ class ReadingCore:
         store = self.store()
         if store is not None:
             at = rows + store.offsets[table]
+            if not store.has_rows(at):
+                _keep_blocks(self, table, rows)
             if store.has_rows(at):
                 return _taken(store.values, store.times, at, out)
         values, times = self.tables[table].take(self.reader, rows)
@@ -493,6 +494,23 @@ class ReadingCore:
             if self._cells is not None and self._cells.shared:
                 out["_cells"] = None
         return out
+
+
+def _keep_blocks(core: ReadingCore, table: int, rows: np.ndarray) -> None:
+    """Keep whole the blocks of ``table`` that rows ``rows`` fall in (if the store lacks them).
+
+    A gather or a random window keeps blocks, not just its own rows: a worker is given other
+    rows of the same blocks each epoch (batches are dealt out in turn), so rows kept one batch
+    at a time would never add up to a batch it can serve from its store.
+    """
+    store, size = core.store(), int(core.table_sizes[table])
+    if not store.writable:
+        return
+    for block in np.unique(rows // core.block_rows):
+        lo = int(block) * core.block_rows
+        hi = min(lo + core.block_rows, size)
+        if not store.has(table, lo, hi):
+            core.rows(table, lo, hi)
 
 
 def _copy(values: np.ndarray, times: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
