@@ -33,7 +33,6 @@ __all__ = ["FIRST_BLOCK_ROWS", "ReadAhead", "local_rows"]
 FIRST_BLOCK_ROWS = 8192
 
 
-
 def local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, int]:
     """Return the group-local rows of ``[start_row, stop_row)`` (empty when lo >= hi)."""
     return (
