@@ -54,6 +54,10 @@ def test_a_first_batch_decodes_its_rows_and_the_blocks_follow_in_the_background(
             if pass_ == 1:
                 time.sleep(0.004)  # a training step
         np.testing.assert_array_equal(torch.cat(batches).numpy(), expected)
+        # the next pass's first blocks, decoded during this one: count them here
+        assert sorted(reader.ahead.next) == [(g, 0) for g in range(SPEC.num_files)]
+        for future, _ in reader.ahead.next.values():
+            future.result()
         head = [rows for thread, rows in decodes[: SPEC.num_files]]
         here = {thread for thread, _ in decodes[: SPEC.num_files]}
         ahead = [rows for thread, rows in decodes if thread.startswith("tsfile-read-ahead")]
@@ -61,11 +65,14 @@ def test_a_first_batch_decodes_its_rows_and_the_blocks_follow_in_the_background(
         if small:  # the first batch: its rows only, at once; every block once, in the background
             assert head == [4096] * SPEC.num_files, decodes
             assert not any(thread.startswith("tsfile-read-ahead") for thread in here)
-            assert sorted(ahead) == sorted(blocks)
-            assert sum(rows for _, rows in decodes) == SPEC.num_files * (SPEC.num_rows + 4096)
-        else:  # whole blocks from the first batch on, each once
+            assert sorted(ahead) == sorted(blocks + [32768] * SPEC.num_files)  # + the next's
+            assert sum(rows for _, rows in decodes) == SPEC.num_files * (
+                SPEC.num_rows + 4096 + 32768
+            )
+        else:  # whole blocks, each once, all in the background: the first ones in the pass before
             assert sum(rows for _, rows in decodes) == SPEC.num_files * SPEC.num_rows
             assert 4096 not in [rows for _, rows in decodes]
+            assert all(thread.startswith("tsfile-read-ahead") for thread, _ in decodes), decodes
 
 
 def test_read_ahead_with_workers_and_a_range_per_worker(long_dir, expected_rows):

@@ -204,6 +204,13 @@ class _Rows(View):
         # slot), not by the main process from its own mapping (Note: hand-over)
         return self._as_batch(*core.take(0, np.sort(items), self._out(len(items))))
 
+    def _start(self, epoch: int, order: str):
+        """Return the reader for a pass of ``order`` in ``epoch``: a sequential streaming pass
+        decodes ahead for the next one (Note: read-ahead)."""
+        reader = self.core.start_epoch(epoch)
+        reader.ahead.next_pass = order == "sequential" and self.options.cache == "none"
+        return reader
+
     def _out(self, n: int):
         """Return the arrays a batch of ``n`` rows is read into (Note: hand-over)."""
         specs = {"values": ((n, len(self.catalog.columns)), self.core.dtype)}
@@ -293,8 +300,8 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         return self._generate(cursor, num_workers)
 
     def _generate(self, cursor, num_workers: int) -> Iterator:
-        reader = self.core.start_epoch(cursor.epoch)
         order = self.spec.order  # the pass's (set_random_batches acts on later passes)
+        reader = self._start(cursor.epoch, order)
         if num_workers > 1 and order in ("sequential", "batches") and len(cursor):
             # decode only this worker's rows: blocks are clipped to its stretch
             spans = [self._row_span(b, order) for b in cursor.batches]
@@ -329,7 +336,7 @@ class TsFileDataset(_Rows, tud.Dataset):
 
     def __getitem__(self, index):
         if isinstance(index, ItemBatch):
-            self.core.start_epoch(self.epoch or 0)
+            self._start(self.epoch or 0, self.spec.order)
             return self._read_items(index.items)
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an integer batch number; got {index!r}")

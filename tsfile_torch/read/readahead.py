@@ -10,6 +10,14 @@ background, so the first batch of a run costs about one batch's decode, not a bl
 passes do not: it costs about 10% more decoding (those rows are decoded twice, in more
 queries), and a later epoch's first batch follows a training step, not a start-up.
 
+A sequential streaming pass (the view says so: :attr:`ReadAhead.next_pass`) also decodes
+ahead for the pass after it: once a read reaches the last block of a group in range, the
+block that pass will begin with is decoded in the background (when the cache has room for it
+beside the blocks in use) and handed to that pass. Streaming keeps no rows from one pass to the
+next, so without this every block of a file shorter than a block (the reference workload) is
+decoded at the start of an epoch, while the training step waits; with it, that decode overlaps
+the steps of the pass before.
+
 Only files read through pread (``read_backend="pread"``, or sources that cannot be mapped) are
 decoded in the background: a mapped file truncated while a background decode touches its pages
 would kill the process with SIGBUS, where a read in the caller's thread checks the file first
@@ -19,6 +27,7 @@ open-file eviction must not close a reader a decode uses).
 
 from __future__ import annotations
 
+import os
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -67,6 +76,10 @@ class ReadAhead:
         self.later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
         self.heads: dict[tuple[int, int], Block] = {}  # first reads, decoded small
         self.small_first = True  # the first pass of the process (see the module notes)
+        #: the pass is sequential and keeps nothing: decode the next pass's first blocks
+        self.next_pass = False
+        self.first: dict[int, int] = {}  # group -> the block this pass began with
+        self.next: dict[tuple[int, int], tuple[Future, int]] = {}  # the next pass's blocks
 
     def holds(self, key) -> bool:
         """Whether block ``key`` is being decoded ahead or was decoded small."""
@@ -132,26 +145,29 @@ class ReadAhead:
         else:
             yield from ((key, r.decoder.decode(plan)) for key, plan in plans)
 
-    def decode_ahead(self, gi: int, b: int) -> None:
-        """Start decoding block ``b`` of group ``gi`` in the background, if it is missing, in
-        range and fits the cache beside what is there."""
+    def decode_ahead(self, gi: int, b: int, for_next: bool = False) -> bool:
+        """Start decoding block ``b`` of group ``gi`` in the background (``for_next``: for the
+        next pass), if it is missing, in range and fits the cache beside what is there and
+        what is being decoded; return whether the block is missing and in range."""
         r = self.reader
         group = r.catalog.groups[gi]
         key = (gi, b)
-        if key in self.pending or key in r.cache or not self.unmapped[group.file_index]:
-            return
+        into = self.next if for_next else self.pending
         lo, hi = r._block_rows_of(group, b)
         if lo >= hi:
-            return
+            return False
+        if key in into or (key in r.cache and not for_next) or not self.unmapped[group.file_index]:
+            return True
         nbytes = (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
-        pending = sum(n for _, n in self.pending.values())
+        pending = sum(n for _, n in [*self.pending.values(), *self.next.values()])
         if r.cache.nbytes + pending + nbytes > r.cache.capacity:
-            return
+            return True
         plan = r.decoder.plan(gi, lo, hi)  # readers and indexes: in this thread
         if self.pool is None:
-            threads = max(1, r.decode_threads)
+            threads = max(1, min(r.decode_threads, (os.cpu_count() or 1) - 1))
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
-        self.pending[key] = (self.pool.submit(r.decoder.decode, plan), nbytes)
+        into[key] = (self.pool.submit(r.decoder.decode, plan), nbytes)
+        return True
 
     def take(self, key) -> Block | None:
         """Return block ``key`` if it is being decoded ahead (waiting for it), stored."""
@@ -163,26 +179,36 @@ class ReadAhead:
         r.cache.put(key, block)
         return block
 
-    def after_read(self, groups: list[int], stop_row: int) -> None:
+    def after_read(self, groups: list[int], start_row: int, stop_row: int) -> None:
         """Decode ahead the blocks a first read left out, then the block after the last one a
-        read touched, in each of its groups."""
+        read touched, in each of its groups; past a group's last block, the block the next
+        pass begins with (:attr:`next_pass`)."""
         r = self.reader
         later, self.later = self.later, []
         for gi, b in later:
             self.decode_ahead(gi, b)
         for gi in groups:
             group = r.catalog.groups[gi]
+            if self.next_pass and gi not in self.first:
+                self.first[gi] = local_rows(group, start_row, stop_row)[0] // r.block_rows
             local = min(stop_row, group.stop_row) - group.start_row
-            if 0 < local < group.num_rows:
-                self.decode_ahead(gi, (local - 1) // r.block_rows + 1)
+            after = (local - 1) // r.block_rows + 1
+            if local > 0 and not self.decode_ahead(gi, after) and self.next_pass:
+                self.decode_ahead(gi, self.first[gi], for_next=True)
 
-    def new_pass(self) -> None:
-        """Wait for the decodes ahead and drop their blocks (a new pass, a new range, close)."""
+    def new_pass(self, keep_next: bool = False) -> None:
+        """Wait for the decodes ahead and drop their blocks (a new pass, a new range, close);
+        ``keep_next``: the blocks decoded for this new pass are kept for it."""
         r = self.reader
         for head in self.heads.values():
             r.cache.recycle(head)
         self.heads.clear()
         ahead, self.pending = self.pending, {}
+        if keep_next:
+            self.pending, self.next = self.next, {}
+        else:
+            ahead.update(self.next)
+            self.next = {}
         for future, _ in ahead.values():
             if not future.cancel():
                 try:
@@ -192,6 +218,7 @@ class ReadAhead:
         if self.begun:
             self.small_first = False  # a pass has read: later passes decode whole blocks
         self.begun.clear()
+        self.first.clear()
 
     def close(self) -> None:
         """Stop decoding ahead (the reader closes)."""

@@ -285,8 +285,9 @@ class BatchReader:
 
     def clear_cache(self) -> None:
         """Drop decoded values (their buffers are kept for reuse); readers stay open. A new
-        pass begins: its first reads decode small (Note: read-ahead)."""
-        self.ahead.new_pass()
+        pass begins: its first reads decode small, or were decoded ahead by the pass before
+        (Note: read-ahead)."""
+        self.ahead.new_pass(keep_next=True)
         self.cache.clear()
 
     def set_range(self, start_row: int, stop_row: int) -> None:
@@ -443,7 +444,7 @@ class BatchReader:
                     self._verify_block(view, gi, block, number)
                 out[o : o + m, target] = block.values[:, a:b].T
         if ahead:
-            self.ahead.after_read(groups, stop_row)
+            self.ahead.after_read(groups, start_row, stop_row)
         return out, times
 
     def take(self, rows: np.ndarray, view: RowView | None = None) -> tuple[np.ndarray, np.ndarray]:
