@@ -190,3 +190,17 @@ def test_write_json_puts_the_environment_on_every_line_and_appends(tmp_path):
     assert records[2]["environment"] == {"cpus": 1}  # a record read back keeps its own
     write_json([{"route": "d"}], str(out))
     assert len(out.read_text().splitlines()) == 1
+
+
+def test_bench_startup_runs_in_new_interpreters_and_reports_its_ratios(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "startup.jsonl"
+    argv = ["bench", "--startup", "--quick", "--data", str(tiny_dir), "--workers", "0"]
+    assert main([*argv, "--backends", "pread", "--no-progress", "--json", str(out)]) == 0
+    (record,) = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (record["workers"], record["backend"], record["batches"]) == (0, "pread", 1)
+    for key in ("build", "first_batch", "first_epoch", "later", "stepped", "stepped_first"):
+        assert record[key] > 0, key
+    assert record["first_batch"] <= record["first_epoch"]
+    assert record["stepped"] >= record["step"]  # an epoch of one 20 ms step takes that at least
+    table = capsys.readouterr().out
+    assert "epoch 1st batch after steps / steady" in table and "pread" in table
