@@ -19,6 +19,7 @@ from tsfile_torch import (
     synthetic,
 )
 from tsfile_torch.data.view import KeptBatch
+from tsfile_torch.loader import _InMain
 from tsfile_torch.read.core import STORES, ReadingCore
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -118,7 +119,14 @@ def test_a_state_saved_over_other_data_is_refused(small_dir, tmp_path):
     assert again.state_dict()["position"] == 1
 
 
-def test_a_disk_cached_mixture_hands_its_kept_batches_over_by_reference(panel, tmp_path):
+@pytest.mark.parametrize("stateful", [False, True])
+def test_a_disk_cached_mixture_is_served_from_the_main_process_mapping(panel, tmp_path, stateful):
+    """Note: kept passes / hand-over. Once both entries are filled, make_loader's loader serves
+    the passes in the main process; torchdata's stateful loader keeps its workers, which hand
+    the batches over by reference."""
+    if stateful:
+        pytest.importorskip("torchdata")
+
     def mix(cache):
         parts = [
             TsFileWindowDataset(
@@ -131,10 +139,15 @@ def test_a_disk_cached_mixture_hands_its_kept_batches_over_by_reference(panel, t
     streamed = make_loader(mix("none"), batch_size=32, num_workers=2)
     want = [list(streamed) for _ in range(2)]
     ds = mix("disk")
-    loader = make_loader(ds, batch_size=32, num_workers=2)
+    loader = make_loader(ds, batch_size=32, num_workers=2, stateful=stateful)
     list(loader)  # epoch 0 fills both entries
-    sent = list(iter(loader)._inner)  # what the workers sent in epoch 1
-    assert sent and all(isinstance(b, KeptBatch) for b in sent)
+    passing = iter(loader)  # epoch 1
+    assert isinstance(passing._inner, _InMain) != stateful
+    if stateful:
+        sent = list(passing._inner)  # what the workers sent
+        assert sent and all(isinstance(b, KeptBatch) for b in sent)
+    else:
+        list(passing)
     ds.set_epoch(0)
     for epoch in range(2):
         for got, expected in zip(loader, want[epoch], strict=True):

@@ -18,7 +18,8 @@
   each column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`).
 - With ``cache="disk"``, workers hand batches already kept in the cache over by reference and
   the iterator serves them from the main process's mapping (Note: hand-over in
-  :mod:`tsfile_torch.data.view`).
+  :mod:`tsfile_torch.data.view`); a pass of a map-style view whose every table is kept there
+  is served by the main process alone (Note: kept passes).
 - ``stateful=True`` returns torchdata's ``StatefulDataLoader`` (the ``resume`` extra): its
   ``state_dict()`` holds the datasets' or the sampler's pass states (see Note: resume in
   :mod:`tsfile_torch.sampling.passes`).
@@ -38,6 +39,7 @@ import weakref
 
 import torch
 import torch.utils.data as tud
+from torch.utils.data._utils.fetch import _MapDatasetFetcher
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from tsfile_torch.data.handover import WorkerRing
@@ -104,6 +106,16 @@ def _spec(dataset) -> LoaderSpec:
 # loaded under another topology resumes from that record alone (Note: elastic resume in
 # :mod:`tsfile_torch.sampling.orders`); no part of torchdata's own state layout is read. Under
 # the same topology torchdata resumes each worker exactly, as it saved them.
+
+# Note: kept passes. Once every table of a map-style view is kept in the disk cache, workers
+# have nothing left to do for a pass of make_loader's own collate function: a worker would only
+# echo each request (a KeptBatch) for the main process to serve from its own mapping, and on a
+# small machine DataLoader's two queue messages per batch cost about what serving it does. Such a
+# pass is served in the main process (:class:`_InMain`): the same sampler, in the same order (the
+# sampler deals batches in the order workers would deliver them), the same batches; the
+# persistent workers stay up, idle, for a pass that needs them. Not for iterable views (their
+# passes run inside the workers), a sampler of the user's, or torchdata's stateful loader (its
+# state is the workers').
 
 _KEY = "tsfile_torch"
 #: held while a loader checks that its dataset is free and claims it
@@ -228,7 +240,7 @@ class _Guarded:
                 ring.restart()  # new workers: new slots
             ring.new_pass()
         try:
-            inner = super().__iter__()
+            inner = _InMain(self) if self._kept_pass() else super().__iter__()
         except BaseException:
             scope.close()
             raise
@@ -241,6 +253,11 @@ class _Guarded:
         return out
 
     _loaded: PassPoint | None = None  # a state of the same topology, loaded (stateful loader)
+    _main_ok = False  # make_loader's sampler and collate function, not stateful (Note: kept passes)
+
+    def _kept_pass(self) -> bool:
+        """Whether this pass is served by the main process (Note: kept passes)."""
+        return self._main_ok and self.num_workers > 0 and all(map(_kept_whole, self._spec.cores))
 
     def _start_point(self) -> PassPoint:
         """Return where the pass about to start stands; its epoch is decided here, in the main
@@ -272,6 +289,36 @@ class _Guarded:
             if not once:
                 return None
         return EpochSums(ds.catalog, _EPS[ds.options.dtype])
+
+
+def _kept_whole(core) -> bool:
+    """Whether every table of ``core`` is kept in this process's mapping of the disk cache."""
+    store = core.store() if core.options.cache == "disk" else None
+    return store is not None and all(store.has_whole(t) for t in range(len(core.tables)))
+
+
+class _InMain:
+    """A pass of a loader with workers served by the main process (Note: kept passes): the
+    loader's sampler and collate function, fetched here as with ``num_workers=0``."""
+
+    def __init__(self, loader):
+        self._fetcher = _MapDatasetFetcher(
+            loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
+        )
+        self._indices = iter(loader._index_sampler)
+        self._length = len(loader._index_sampler)
+        self._pin = loader.pin_memory
+        self._device = getattr(loader, "pin_memory_device", "") or None
+
+    def __iter__(self):
+        return self
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __next__(self):
+        batch = self._fetcher.fetch(next(self._indices))
+        return pin_memory(batch, self._device) if self._pin else batch
 
 
 def _retire(loader, failed, gentle: bool = False) -> None:
@@ -418,6 +465,9 @@ def make_loader(
         )
     loader._spec = spec
     loader._ring = RingReceiver(ring) if num_workers > 0 else None
+    samplers = (kwargs.get("sampler"), kwargs.get("batch_sampler"))
+    ours = any(isinstance(s, EpochSampler) for s in samplers)
+    loader._main_ok = hand_over and not stateful and not spec.iterable and ours
     return loader
 
 
