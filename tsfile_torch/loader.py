@@ -51,6 +51,7 @@ from tsfile_torch.integrity.reports import explain_worker_failure
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.options import check_bool, check_int
 from tsfile_torch.process import LoaderScope, start_worker
+from tsfile_torch.read.core import kept_whole
 from tsfile_torch.sampling.state import NUM_WORKERS, WORKER, PassPoint, check_state, pass_state
 
 __all__ = ["default_timeout", "make_loader", "saved_num_workers", "worker_context"]
@@ -257,7 +258,12 @@ class _Guarded:
 
     def _kept_pass(self) -> bool:
         """Whether this pass is served by the main process (Note: kept passes)."""
-        return self._main_ok and self.num_workers > 0 and all(map(_kept_whole, self._spec.cores))
+        cores = self._spec.cores  # the disk cache: the main process maps what workers wrote
+        return (
+            self._main_ok
+            and self.num_workers > 0
+            and all(c.options.cache == "disk" and kept_whole(c) for c in cores)
+        )
 
     def _start_point(self) -> PassPoint:
         """Return where the pass about to start stands; its epoch is decided here, in the main
@@ -289,12 +295,6 @@ class _Guarded:
             if not once:
                 return None
         return EpochSums(ds.catalog, _EPS[ds.options.dtype])
-
-
-def _kept_whole(core) -> bool:
-    """Whether every table of ``core`` is kept in this process's mapping of the disk cache."""
-    store = core.store() if core.options.cache == "disk" else None
-    return store is not None and all(store.has_whole(t) for t in range(len(core.tables)))
 
 
 class _InMain:

@@ -431,19 +431,13 @@ class ReadingCore:
         if store is None or store.writable:
             return store
         if not self._whole:
-            self._whole = all(store.has_whole(k) for k in range(len(self.tables)))
+            self._whole = kept_whole(self)
         return store if self._whole else None
 
     def fill(self, table: int) -> None:
         """Decode every row of ``table`` into the store, once per process."""
-        store = self.store()
-        if store.has_whole(table):
-            return
-        n = self.tables[table].num_rows
-        for lo in range(0, n, self.block_rows):
-            hi = min(lo + self.block_rows, n)
-            if not store.has(table, lo, hi):  # another process may have filled it (disk)
-                self.rows(table, lo, hi)
+        if not self.store().has_whole(table):
+            _keep_blocks(self, table, np.arange(0, self.tables[table].num_rows, self.block_rows))
 
     def kept(self, table: int, start: int = 0, stop: int = 0, rows=None) -> bool:
         """Whether a make_loader worker hands rows ``[start, stop)`` (or the rows ``rows``) of
@@ -509,8 +503,14 @@ def _keep_blocks(core: ReadingCore, table: int, rows: np.ndarray) -> None:
     for block in np.unique(rows // core.block_rows):
         lo = int(block) * core.block_rows
         hi = min(lo + core.block_rows, size)
-        if not store.has(table, lo, hi):
+        if not store.has(table, lo, hi):  # another process may have kept it (disk)
             core.rows(table, lo, hi)
+
+
+def kept_whole(core: ReadingCore) -> bool:
+    """Whether every table of ``core`` is kept entirely in this process's store."""
+    store = core.store()
+    return store is not None and all(store.has_whole(k) for k in range(len(core.tables)))
 
 
 def _copy(values: np.ndarray, times: np.ndarray, out=None) -> tuple[np.ndarray, np.ndarray]:
