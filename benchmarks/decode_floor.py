@@ -10,25 +10,19 @@ epoch of each, and ours / floor.
 """
 
 import argparse
-import os
 import sys
-import tempfile
 
 from tsfile_torch.bench import scale
 from tsfile_torch.bench.harness import later_epochs
+from tsfile_torch.bench.reference import reference_data
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "tt-orders-ref"))
+    parser.add_argument("--data", help="the reference dataset (default: tsfile-torch bench's)")
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    if not os.path.exists(os.path.join(args.data, ".complete")):
-        from tsfile_torch.synthetic import write_reference
-
-        os.makedirs(args.data, exist_ok=True)
-        write_reference(args.data)
-        open(os.path.join(args.data, ".complete"), "w").close()
+    args.data = args.data or reference_data()  # written on first use
     ours = {"auto": [], "pread": []}
     floor = []
     for _ in range(args.repeats):

@@ -1,10 +1,11 @@
 """Later epochs of every batch order through 0 and 2 make_loader workers, side by side.
 
-Reference workload (8 TsFiles x 8 DOUBLE x 131,072 rows, 8,192 x 64 batches), generated once
-into ``--data``. For each cache (``none``, ``memory``, ``disk``) and order (``sequential``,
-``shuffle``, ``random`` with 32 windows), a loader runs 2 warm-up epochs then ``--epochs``
-timed ones (each a new epoch: a new shuffle, new random windows); one process per
-configuration, configurations in alternating order over ``--rounds``. Reported: the median
+Reference workload (8 TsFiles x 8 DOUBLE x 131,072 rows, 8,192 x 64 batches): the copy
+``tsfile-torch bench`` uses (written on first use), or ``--data``. For each cache (``none``,
+``memory``, ``disk``) and order (``sequential``, ``shuffle``, ``random`` with 32 windows), a
+loader runs 2 warm-up epochs then ``--epochs`` timed ones (each a new epoch: a new shuffle, new
+random windows); one process per configuration, configurations in alternating order over
+``--rounds``. Reported: the median
 later epoch per configuration and 2 workers / 0 workers. Every batch is summed, so the values
 are touched as a training step would.
 
@@ -15,13 +16,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
 import tempfile
 
 from tqdm import tqdm
+
+from tsfile_torch.bench.reference import reference_data
 
 CHILD = r"""
 import json, sys, time, statistics
@@ -45,17 +47,12 @@ print(json.dumps({"cache": cache, "order": order, "workers": int(workers),
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "tt-orders-ref"))
+    parser.add_argument("--data", help="the reference dataset (default: tsfile-torch bench's)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--out", default=None, help="also write the records here (JSON lines)")
     args = parser.parse_args()
-    if not os.path.exists(os.path.join(args.data, ".complete")):
-        from tsfile_torch.synthetic import write_reference
-
-        os.makedirs(args.data, exist_ok=True)
-        write_reference(args.data)
-        open(os.path.join(args.data, ".complete"), "w").close()
+    args.data = args.data or reference_data()  # written on first use
     configs = [
         (c, o, w)
         for c in ("none", "memory", "disk")
