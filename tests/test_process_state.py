@@ -15,12 +15,19 @@ import json
 import multiprocessing
 import signal
 import sys
+import threading
 
 import pytest
 import torch.utils.data as tud
 from torch.utils.data._utils import signal_handling
 
-from tsfile_torch import TsFileDataset, TsFileIterableDataset, TsFileWindowDataset, make_loader
+from tsfile_torch import (
+    TsFileDataset,
+    TsFileIterableDataset,
+    TsFileWindowDataset,
+    make_loader,
+    process,
+)
 
 
 def _state() -> dict:
@@ -35,6 +42,14 @@ def _state() -> dict:
 def _plain_loader_pass() -> None:
     """One pass of a plain DataLoader with two workers (torch's own SIGCHLD handling)."""
     assert sorted(int(x) for x in tud.DataLoader(list(range(8)), num_workers=2)) == list(range(8))
+
+
+def _settle() -> None:
+    """Close, here on the main thread, the passes earlier tests dropped (a pass in a reference
+    cycle is closed by whichever thread's garbage collection finds it; the test below covers
+    that case) and put their handler back."""
+    gc.collect()
+    process.restore_due()
 
 
 KINDS = {
@@ -53,6 +68,7 @@ KINDS = {
     ],
 )
 def test_a_plain_dataloader_after_a_make_loader_loader_keeps_the_handler_it_had(small_dir, kind):
+    _settle()
     _plain_loader_pass()  # torch's handler installed and its flag set, as in a user's script
     before = _state()
     assert before["torch_flag"] is True and callable(before["sigchld"])
@@ -70,6 +86,49 @@ def test_a_plain_dataloader_after_a_make_loader_loader_keeps_the_handler_it_had(
     assert _state() == before
     _plain_loader_pass()
     assert _state() == before  # not a new handler chained onto the old one
+
+
+def test_a_pass_dropped_in_a_cycle_and_collected_on_another_thread_puts_the_handler_back(
+    small_dir,
+):
+    _settle()
+    _plain_loader_pass()
+    before = _state()
+    loader = make_loader(TsFileIterableDataset(small_dir, batch_size=1000), num_workers=2)
+    was_enabled = gc.isenabled()
+    gc.disable()  # the cycle is found by the thread below, not by this one
+    try:
+        passing = iter(loader)
+        next(passing)
+        assert signal.getsignal(signal.SIGCHLD) is not before["sigchld"]  # the wrapper
+        passing.cycle = passing
+        del passing
+        collector = threading.Thread(target=gc.collect)
+        collector.start()
+        collector.join()
+    finally:
+        if was_enabled:
+            gc.enable()
+    assert process._SCOPES == 0  # closed there, though only this thread may set a handler
+    assert sum(len(batch) for batch in loader) == 5000  # the next pass, started here
+    assert _state() == before
+    _plain_loader_pass()
+    assert _state() == before
+    # and with nothing started after the drop: the main thread's next call puts it back
+    passing = iter(loader)
+    next(passing)
+    passing.cycle = passing
+    del passing
+    gc.disable()
+    try:
+        collector = threading.Thread(target=gc.collect)
+        collector.start()
+        collector.join()
+    finally:
+        if was_enabled:
+            gc.enable()
+    process.restore_due()
+    assert _state() == before
 
 
 FRESH = r"""

@@ -18,7 +18,8 @@ can be:
                    the main thread, torch's SIGCHLD handler is wrapped so a worker killed by a
                    signal is a :class:`~tsfile_torch.WorkerError` naming its read; the
                    previous handler is restored when the iteration ends (exhausted, closed or
-                   dropped).
+                   dropped; dropped in a cycle that another thread collects: at the main
+                   thread's next loader start, Note: scopes closed elsewhere).
 ``crash_report``   in DataLoader workers only: ``faulthandler`` writes a fatal-signal report
                    (with the named frame of the native read, Note: fatal-signal report in
                    :mod:`tsfile_torch.native.errors`) to a file that the main process quotes in
@@ -59,7 +60,16 @@ from tsfile_torch.integrity.reports import (
 )
 from tsfile_torch.native import forkfix, malloc
 
-__all__ = ["EFFECTS", "TESTED_ON", "LoaderScope", "disable", "enable", "enabled", "start_worker"]
+__all__ = [
+    "EFFECTS",
+    "TESTED_ON",
+    "LoaderScope",
+    "disable",
+    "enable",
+    "enabled",
+    "restore_due",
+    "start_worker",
+]
 
 #: The effects by name (see the module notes).
 EFFECTS = ("fork_fix", "malloc", "worker_reports", "crash_report", "parent_guard")
@@ -113,6 +123,12 @@ _SCOPES = 0
 _PREVIOUS_SIGCHLD = None  # the DataLoader's handler, which _sigchld wraps
 _ORIGINAL_SIGCHLD = None  # the handler before the first open scope
 _ORIGINAL_TORCH_FLAG = None  # torch's _SIGCHLD_handler_set then (None: torch has none)
+#: the last scope was closed off the main thread (a dropped pass collected there): the handler
+#: is put back by the main thread's next call here (Note: scopes closed elsewhere)
+_RESTORE_DUE = False
+#: held while the scope count changes (a garbage collection may close a scope on any thread, and
+#: inside a call here on this one: reentrant)
+_SCOPE_LOCK = threading.RLock()
 
 
 def _torch_signal_handling():
@@ -141,6 +157,34 @@ def _sigchld(signum, frame):
         if better is None:
             raise
         raise better from err
+    finally:
+        restore_due()  # signal handlers run on the main thread
+
+
+def restore_due() -> None:
+    """Put back the SIGCHLD handler and torch's flag if the last scope closed off the main thread.
+
+    Note: scopes closed elsewhere. A pass dropped in a reference cycle is closed by whichever
+    thread runs the garbage collection that finds it (a pin-memory thread, a read-ahead thread, a
+    user's thread), and only the main thread may set a signal handler. The scope count drops at
+    once; the handler (still the wrapper, which calls torch's) is put back by the main thread's
+    next loader start, by the wrapper itself, or by this call (main thread only; a no-op
+    otherwise and when nothing is due).
+    """
+    global _RESTORE_DUE, _PREVIOUS_SIGCHLD
+    if threading.current_thread() is not threading.main_thread():
+        return
+    with _SCOPE_LOCK:
+        if not _RESTORE_DUE or _SCOPES:
+            return
+        _RESTORE_DUE = False
+        if signal.getsignal(signal.SIGCHLD) is not _ORIGINAL_SIGCHLD:
+            signal.signal(signal.SIGCHLD, _ORIGINAL_SIGCHLD)
+        torch_signals = _torch_signal_handling()
+        if _ORIGINAL_TORCH_FLAG is not None and torch_signals is not None:
+            # as it was: the next DataLoader installs torch's handler only if none was then
+            torch_signals._SIGCHLD_handler_set = _ORIGINAL_TORCH_FLAG
+        _PREVIOUS_SIGCHLD = None
 
 
 class LoaderScope:
@@ -163,15 +207,17 @@ class LoaderScope:
         self.slots = slots
         in_main = threading.current_thread() is threading.main_thread()
         self.open = has_workers and _on["worker_reports"] and in_main
+        restore_due()  # a scope closed off the main thread: its handler back first
         if not self.open:
             return
-        if _SCOPES == 0:
-            _close_at_exit()
-            _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)
-            torch_signals = _torch_signal_handling()
-            _ORIGINAL_TORCH_FLAG = getattr(torch_signals, "_SIGCHLD_handler_set", None)
-        _SCOPES += 1
-        _LIVE.add(self)
+        with _SCOPE_LOCK:
+            if _SCOPES == 0:
+                _close_at_exit()
+                _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)
+                torch_signals = _torch_signal_handling()
+                _ORIGINAL_TORCH_FLAG = getattr(torch_signals, "_SIGCHLD_handler_set", None)
+            _SCOPES += 1
+            _LIVE.add(self)
 
     def watch(self, has_workers: bool) -> None:
         """Wrap the DataLoader's SIGCHLD handler (call once its iterator exists)."""
@@ -187,22 +233,20 @@ class LoaderScope:
             signal.signal(signal.SIGCHLD, _sigchld)
 
     def close(self) -> None:
-        """Undo this scope's effects (idempotent; main thread only)."""
-        global _SCOPES, _PREVIOUS_SIGCHLD
-        if not self.open or threading.current_thread() is not threading.main_thread():
-            return
-        self.open = False
-        _LIVE.discard(self)
-        _SCOPES -= 1
-        if _SCOPES == 0:
-            remove_stale_reports()
-            if signal.getsignal(signal.SIGCHLD) is not _ORIGINAL_SIGCHLD:
-                signal.signal(signal.SIGCHLD, _ORIGINAL_SIGCHLD)
-            torch_signals = _torch_signal_handling()
-            if _ORIGINAL_TORCH_FLAG is not None and torch_signals is not None:
-                # as it was: the next DataLoader installs torch's handler only if none was then
-                torch_signals._SIGCHLD_handler_set = _ORIGINAL_TORCH_FLAG
-            _PREVIOUS_SIGCHLD = None
+        """Undo this scope's effects (idempotent; on any thread: the handler itself is put back
+        on the main thread, at once or by :func:`restore_due`)."""
+        global _SCOPES, _RESTORE_DUE
+        with _SCOPE_LOCK:
+            if not self.open:
+                return
+            self.open = False
+            _LIVE.discard(self)
+            _SCOPES -= 1
+            if _SCOPES:
+                return
+            _RESTORE_DUE = True
+        remove_stale_reports()
+        restore_due()
 
     __del__ = close
 
