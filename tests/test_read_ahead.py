@@ -6,6 +6,7 @@ Data: ``synthetic.write_table_files`` (value of (file, column, row) known: conft
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -88,20 +89,84 @@ def test_read_ahead_with_workers_and_a_range_per_worker(long_dir, expected_rows)
         np.testing.assert_array_equal(values[order], expected)
 
 
-@pytest.mark.parametrize(
-    "options",
-    [
-        {"read_backend": "pread", "max_open_files": 1},  # an eviction could close a decode's
-        {"read_backend": "auto"},  # mapped files: a truncation under a background decode
-        {"read_backend": "mmap"},  # would be a SIGBUS, not the error a read in this thread gives
-    ],
-)
-def test_no_read_ahead_for_mapped_files_or_more_files_than_may_be_open(
-    long_dir, expected_rows, options
-):
-    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768, **options)
+def test_no_read_ahead_when_more_files_are_selected_than_may_be_open(long_dir, expected_rows):
+    ds = TsFileIterableDataset(
+        long_dir, batch_size=4096, block_rows=32768, read_backend="pread", max_open_files=1
+    )  # an open-file eviction could close the reader a background decode uses
     decodes = _record_decodes(ds.core.reader)
     got = torch.cat(list(ds)).numpy()
     np.testing.assert_array_equal(got, expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32))
     assert not any(thread.startswith("tsfile-read-ahead") for thread, _ in decodes)
     assert 4096 not in [rows for _, rows in decodes]  # no small first read without read-ahead
+
+
+@pytest.mark.parametrize("backend", ["auto", "mmap"])
+def test_mapped_files_are_decoded_ahead_through_pread_readers_of_their_own(
+    long_dir, expected_rows, backend
+):
+    """A background decode never touches a mapping (a truncation under it would be a SIGBUS):
+    the caller's reads go through the mapped readers, the decodes ahead through pread ones."""
+    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768, read_backend=backend)
+    reader = ds.core.reader
+    seen = []
+    decode = reader.decoder.decode
+
+    def recording(plan):
+        seen.append((threading.current_thread().name, plan.num_rows, plan.via, plan.reader))
+        return decode(plan)
+
+    reader.decoder.decode = recording
+    expected = expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32)
+    for _ in range(2):
+        seen.clear()
+        np.testing.assert_array_equal(torch.cat(list(ds)).numpy(), expected)
+        ahead = [(via, r) for thread, _, via, r in seen if thread.startswith("tsfile-read-ahead")]
+        here = [(via, r) for thread, _, via, r in seen if not thread.startswith("tsfile-read")]
+        assert ahead and all(via == "pread" for via, _ in ahead), seen
+        assert all(via == "" for via, _ in here), seen
+        mapped = {id(reader.files.reader(i)) for i in range(SPEC.num_files)}
+        assert not {id(r) for _, r in ahead} & mapped  # never a mapped reader in the background
+    assert set(reader.backends.values()) == {"mmap"}  # the caller's readers: still mapped
+    assert reader.ahead.side.open_count == SPEC.num_files  # one pread reader a file, kept
+    reader.close()
+    assert len(reader.ahead.side) == 0
+
+
+def test_a_fork_during_a_decode_ahead_waits_for_it_and_the_child_reads(long_dir, expected_rows):
+    """Note: read-ahead and fork: the fork waits for the decode running in the background, the
+    child drops the parent's pending decodes and pools (it would wait on them forever) and
+    reads exactly; the parent's pass goes on."""
+    ds = TsFileIterableDataset(long_dir, batch_size=4096, block_rows=32768)  # auto: mapped
+    reader = ds.core.reader
+    decode = reader.decoder.decode
+    started = threading.Event()
+
+    def slow(plan):
+        if threading.current_thread().name.startswith("tsfile-read-ahead"):
+            started.set()
+            time.sleep(0.3)  # a long decode: the fork below lands inside one
+        return decode(plan)
+
+    reader.decoder.decode = slow
+    expected = expected_rows(SPEC, 0, SPEC.num_rows).astype(np.float32)
+    passing = iter(ds)
+    batches = [next(passing)]
+    assert started.wait(30)
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 1
+        try:
+            ds.close()
+            code = 0 if np.array_equal(torch.cat(list(ds)).numpy(), expected) else 2
+        finally:
+            os._exit(code)
+    deadline = time.monotonic() + 120
+    while (done := os.waitpid(pid, os.WNOHANG))[0] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if done[0] == 0:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung on decodes it copied from its parent")
+    assert os.waitstatus_to_exitcode(done[1]) == 0
+    batches.extend(passing)
+    np.testing.assert_array_equal(torch.cat(batches).numpy(), expected)

@@ -39,6 +39,7 @@ class Plan:
     span: tuple[int, int, int]  # start_time, end_time, rows to skip
     start: int
     num_rows: int
+    via: str = ""  # the backend of ``reader`` when it is not the decoder's (read-ahead's pread)
 
 
 class GroupDecoder:
@@ -118,12 +119,19 @@ class GroupDecoder:
             save_index(index)
         return span
 
-    def plan(self, group_index: int, start: int, stop: int) -> Plan:
-        """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread)."""
+    def plan(self, group_index: int, start: int, stop: int, files: OpenFiles | None = None) -> Plan:
+        """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread).
+
+        ``files``: readers of the same files to decode through instead of the decoder's own
+        (read-ahead's pread readers of mapped files, Note: read-ahead); the index is the
+        decoder's either way.
+        """
         group = self.catalog.groups[group_index]
         span = self.span(group_index, start, stop)
-        reader, handles = self.files.handles(group_index, group)
-        return Plan(group_index, group, reader, handles, span, start, stop - start)
+        files = self.files if files is None else files  # (an OpenFiles with none open is falsy)
+        via = files.read_backend if files is not self.files else ""
+        reader, handles = files.handles(group_index, group)
+        return Plan(group_index, group, reader, handles, span, start, stop - start, via)
 
     def decode(self, plan: Plan) -> Block:
         """Decode one planned range of one group into a block of exactly its rows.
@@ -208,7 +216,7 @@ class GroupDecoder:
     def _describe(self, plan: Plan) -> str:
         return (
             f"reading device {'.'.join(map(str, plan.group.device))}, rows [{plan.start}, "
-            f"{plan.start + plan.num_rows}) via {self.read_backend}"
+            f"{plan.start + plan.num_rows}) via {plan.via or self.read_backend}"
         )
 
     def _lost(self, group: ReadGroup, start_time: int, num_rows: int, got: int) -> str:

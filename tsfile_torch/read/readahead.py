@@ -18,22 +18,36 @@ next, so without this every block of a file shorter than a block (the reference 
 decoded at the start of an epoch, while the training step waits; with it, that decode overlaps
 the steps of the pass before.
 
-Only files read through pread (``read_backend="pread"``, or sources that cannot be mapped) are
-decoded in the background: a mapped file truncated while a background decode touches its pages
-would kill the process with SIGBUS, where a read in the caller's thread checks the file first
-and reports the change. Off too when more files are selected than may be open at once (an
-open-file eviction must not close a reader a decode uses).
+A background decode never touches a mapping: a mapped file truncated while a background decode
+touches its pages would kill the process with SIGBUS, where a read in the caller's thread checks
+the file first and reports the change. Files the caller reads through pread
+(``read_backend="pread"``, or sources that cannot be mapped) are decoded ahead through the
+caller's readers; mapped files (``"auto"``, ``"mmap"``) through readers of their own, opened
+with pread on first use (one more open file each, no second mapping) and closed with the
+reader. A file changed under a background decode is then an error when the caller takes that
+block, as with pread. Off when more files are selected than may be open at once (an open-file
+eviction must not close a reader a decode uses).
+
+Note: read-ahead and fork. A process forked while a background decode runs (a DataLoader
+starting fork workers right after a pass in the main process) would copy a decode half done:
+native locks held by a thread the child does not have, and futures no thread will finish. So a
+fork waits for the decodes running then (``os.register_at_fork``: each decode ahead holds its
+reader's gate, which the forking thread takes before the fork and gives back after), and the
+child drops what it copied (pools without threads, pending decodes) and starts its own threads
+when it reads.
 """
 
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 
 from tsfile_torch.catalog.build import ReadGroup
 from tsfile_torch.errors import TsFileTorchError
 from tsfile_torch.read.blockcache import Block
+from tsfile_torch.read.openfiles import OpenFiles
 
 __all__ = ["FIRST_BLOCK_ROWS", "ReadAhead", "local_rows"]
 
@@ -63,13 +77,18 @@ class ReadAhead:
 
     def __init__(self, reader, max_open_files: int):
         self.reader = weakref.proxy(reader)  # the reader holds this: no reference cycle
+        self.gate = threading.Lock()  # held by a decode ahead, and across a fork (see the notes)
+        self.decode_pool: ThreadPoolExecutor | None = None  # the decode threads of one read
+        _LIVE.add(self)
         catalog = reader.catalog
         self.on = len(catalog.files) <= max_open_files
-        #: files read through pread (never mapped): the ones decoded in the background
+        #: files the caller reads through pread: decoded ahead through the caller's readers
         self.unmapped = [
             reader.read_backend == "pread" or info.source.mapped_path() is None
             for info in catalog.files
         ]
+        #: pread readers of the mapped files, for the decodes ahead (see the module notes)
+        self.side: OpenFiles | None = None
         self.pending: dict[tuple[int, int], tuple[Future, int]] = {}  # key -> (decode, bytes)
         self.pool: ThreadPoolExecutor | None = None
         self.begun: set[int] = set()  # groups read since the pass began
@@ -95,7 +114,7 @@ class ReadAhead:
                 continue
             self.begun.add(gi)
             group = r.catalog.groups[gi]
-            if not self.small_first or not self.unmapped[group.file_index]:
+            if not self.small_first:
                 continue
             local_lo, local_hi = local_rows(group, start_row, stop_row)
             if local_lo >= local_hi:
@@ -141,7 +160,10 @@ class ReadAhead:
         are several of both (plans are made in the calling thread: opens, indexes)."""
         r = self.reader
         if len(plans) > 1 and r.decode_threads > 1:
-            yield from r._decode_pool().map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans)
+            if self.decode_pool is None:
+                name = "tsfile-decode"
+                self.decode_pool = ThreadPoolExecutor(r.decode_threads, thread_name_prefix=name)
+            yield from self.decode_pool.map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans)
         else:
             yield from ((key, r.decoder.decode(plan)) for key, plan in plans)
 
@@ -156,18 +178,32 @@ class ReadAhead:
         lo, hi = r._block_rows_of(group, b)
         if lo >= hi:
             return False
-        if key in into or (key in r.cache and not for_next) or not self.unmapped[group.file_index]:
+        if key in into or (key in r.cache and not for_next):
             return True
         nbytes = (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
         pending = sum(n for _, n in [*self.pending.values(), *self.next.values()])
         if r.cache.nbytes + pending + nbytes > r.cache.capacity:
             return True
-        plan = r.decoder.plan(gi, lo, hi)  # readers and indexes: in this thread
+        plan = r.decoder.plan(gi, lo, hi, self._files(group.file_index))  # opens: this thread
         if self.pool is None:
             threads = max(1, min(r.decode_threads, (os.cpu_count() or 1) - 1))
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
-        into[key] = (self.pool.submit(r.decoder.decode, plan), nbytes)
+        into[key] = (self.pool.submit(self._decode_gated, plan), nbytes)
         return True
+
+    def _decode_gated(self, plan) -> Block:
+        with self.gate:  # a fork waits for this decode (Note: read-ahead and fork)
+            return self.reader.decoder.decode(plan)
+
+    def _files(self, file_index: int) -> OpenFiles:
+        """The readers a background decode of ``file_index`` goes through (never a mapping)."""
+        r = self.reader
+        if self.unmapped[file_index]:
+            return r.files
+        if self.side is None:
+            files = r.files
+            self.side = OpenFiles(files.files, "pread", files.max_open_files, files.malloc_tuning)
+        return self.side
 
     def take(self, key) -> Block | None:
         """Return block ``key`` if it is being decoded ahead (waiting for it), stored."""
@@ -223,6 +259,46 @@ class ReadAhead:
     def close(self) -> None:
         """Stop decoding ahead (the reader closes)."""
         self.new_pass()
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
-            self.pool = None
+        for pool in (self.pool, self.decode_pool):
+            if pool is not None:
+                pool.shutdown(wait=True)
+        self.pool = self.decode_pool = None
+        if self.side is not None:
+            self.side.close()
+
+    def forked(self) -> None:
+        """In a forked child: drop the parent's threads and decodes (Note: read-ahead and fork)."""
+        self.gate = threading.Lock()
+        self.pool = self.decode_pool = None  # their threads are the parent's
+        self.pending, self.next = {}, {}  # decodes no thread here will finish
+        self.later.clear()
+
+
+#: the ReadAhead objects of this process (Note: read-ahead and fork)
+_LIVE: weakref.WeakSet = weakref.WeakSet()
+_HELD: list[ReadAhead] = []  # gates the forking thread holds
+
+
+def _before_fork() -> None:
+    for ahead in list(_LIVE):
+        ahead.gate.acquire()  # the decode running now, if any, ends first
+        _HELD.append(ahead)
+
+
+def _after_fork_in_parent() -> None:
+    while _HELD:
+        _HELD.pop().gate.release()
+
+
+def _after_fork_in_child() -> None:
+    held, _HELD[:] = list(_HELD), []
+    for ahead in held:
+        ahead.forked()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(
+        before=_before_fork,
+        after_in_parent=_after_fork_in_parent,
+        after_in_child=_after_fork_in_child,
+    )

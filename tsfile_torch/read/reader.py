@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
@@ -208,7 +207,6 @@ class BatchReader:
         self.index_dir = index_dir
         self.index_stride = index_stride
         self.files = OpenFiles(catalog.files, read_backend, max_open_files, malloc_tuning)
-        self._pool = None
         if cache_bytes is None:
             cache_bytes = default_cache_bytes(catalog, self.dtype.itemsize, block_rows)
         self.cache = BlockCache(cache_bytes, self.dtype)
@@ -277,9 +275,6 @@ class BatchReader:
     def close(self) -> None:
         """Close every reader and drop decoded blocks (timeline indexes are kept)."""
         self.ahead.close()
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         self.files.close()
         self.cache.clear(drop_buffers=True)
 
@@ -378,11 +373,6 @@ class BatchReader:
                 self.cache.put(key, data)
             self.ahead.begun.add(group_index)
             yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
-
-    def _decode_pool(self) -> ThreadPoolExecutor:
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.decode_threads, thread_name_prefix="tsfile-decode")
-        return self._pool
 
     # -- assembly ---------------------------------------------------------------------------
     def read(
