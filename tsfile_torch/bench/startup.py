@@ -2,7 +2,8 @@
 
 Each round runs in a new interpreter (nothing warm but the page cache: the files are read once
 before) over the reference dataset, for 0 and 2 workers and the ``auto`` and ``pread`` backends
-(read-ahead decodes only files read through pread), streaming (``cache="none"``):
+(read-ahead decodes mapped files through pread readers of their own), streaming
+(``cache="none"``):
 
 - **build**: ``TsFileIterableDataset(...)`` and ``make_loader(...)``;
 - **first batch**: from ``iter(loader)`` to the first batch; **first epoch**: to its end;

@@ -4,7 +4,9 @@ Note: read-ahead. Sequential reads decode ahead of the caller on background thre
 native decode releases the GIL), so decoding overlaps whatever the caller does between batches
 (a training step): after a read, the next block of every group it touched is decoded in the
 background when the cache has room for it; a read that needs a block being decoded ahead waits
-for it. In a process's first pass, the first read of a group whose block is large decodes only
+for it, and decodes itself, on its decode threads beside the other blocks it misses, the
+blocks whose decode ahead no thread has started yet (the read-ahead has fewer threads: it
+leaves a core to the caller). In a process's first pass, the first read of a group whose block is large decodes only
 the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole block to the
 background, so the first batch of a run costs about one batch's decode, not a block's. Later
 passes do not: it costs about 10% more decoding (those rows are decoded twice, in more
@@ -142,7 +144,8 @@ class ReadAhead:
             local_lo, local_hi = local_rows(group, start_row, stop_row)
             for b, need_lo, need_hi, lo, hi in r._block_needs(group, local_lo, local_hi):
                 key = (gi, b)
-                if key not in r.cache and not self.holds(key):
+                queued = key in self.pending and not self.pending[key][0].running()
+                if key not in r.cache and (queued or not self.holds(key)):
                     if need_lo < lo or need_hi > hi:
                         return  # rows outside set_range: let the serial path handle them
                     missing.append(((gi, b), gi, lo, hi))
@@ -151,9 +154,19 @@ class ReadAhead:
         too_many_files = len(files) > r.files.max_open_files
         if len(missing) < 2 or nbytes > r.cache.capacity or too_many_files:
             return
+        # decodes ahead still queued are decoded here instead, beside the others (the caller
+        # waits for them now: the decode threads are faster than the read-ahead's queue)
+        missing = [m for m in missing if m[0] not in self.pending or self._unqueue(m[0])]
         plans = [(key, r.decoder.plan(gi, lo, hi)) for key, gi, lo, hi in missing]
         for key, data in self._decode_all(plans):
             r.cache.put(key, data)
+
+    def _unqueue(self, key) -> bool:
+        """Take back the decode ahead of ``key`` if no thread has started it."""
+        if not self.pending[key][0].cancel():
+            return False
+        del self.pending[key]
+        return True
 
     def _decode_all(self, plans: list):
         """Yield (key, block) for planned reads (key, plan), on the decode threads when there
