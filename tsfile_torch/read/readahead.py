@@ -1,34 +1,34 @@
 """ReadAhead: a reader's decoding ahead of its caller (Note: read-ahead).
 
-Note: read-ahead. Sequential reads decode ahead of the caller on background threads (the
-native decode releases the GIL), so decoding overlaps whatever the caller does between batches
-(a training step): after a read, the next block of every group it touched is decoded in the
+Note: read-ahead. Sequential reads decode ahead of the caller on background threads (the native
+decode releases the GIL), so decoding overlaps whatever the caller does between batches (a
+training step): after a read, the next block of every group it touched is decoded in the
 background when the cache has room for it; a read that needs a block being decoded ahead waits
-for it, and decodes itself, on its decode threads beside the other blocks it misses, the
-blocks whose decode ahead no thread has started yet (the read-ahead has fewer threads: it
-leaves a core to the caller). In a process's first pass, the first read of a group whose block is large decodes only
-the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole block to the
-background, so the first batch of a run costs about one batch's decode, not a block's. Later
-passes do not: it costs about 10% more decoding (those rows are decoded twice, in more
+for it, and decodes itself, on its decode threads beside the other blocks it misses, the blocks
+whose decode ahead no thread has started yet (the read-ahead has fewer threads: it leaves a core
+to the caller). In a process's first pass, the first read of a group whose block is large
+decodes only the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole block
+to the background, so the first batch of a run costs about one batch's decode, not a block's.
+Later passes do not: it costs about 10% more decoding (those rows are decoded twice, in more
 queries), and a later epoch's first batch follows a training step, not a start-up.
 
-A sequential streaming pass (the view says so: :attr:`ReadAhead.next_pass`) also decodes
-ahead for the pass after it: once a read reaches the last block of a group in range, the
-block that pass will begin with is decoded in the background (when the cache has room for it
-beside the blocks in use) and handed to that pass. Streaming keeps no rows from one pass to the
-next, so without this every block of a file shorter than a block (the reference workload) is
-decoded at the start of an epoch, while the training step waits; with it, that decode overlaps
-the steps of the pass before.
+A sequential streaming pass (the view says so: :attr:`ReadAhead.next_pass`) also decodes ahead
+for the pass after it: once a read reaches the last block of a group in range, the block that
+pass will begin with is decoded in the background (when the cache has room for it beside the
+blocks in use) and handed to that pass. Streaming keeps no rows from one pass to the next, so
+without this every block of a file shorter than a block (the reference workload) is decoded at
+the start of an epoch, while the training step waits; with it, that decode overlaps the steps of
+the pass before.
 
 A background decode never touches a mapping: a mapped file truncated while a background decode
 touches its pages would kill the process with SIGBUS, where a read in the caller's thread checks
 the file first and reports the change. Files the caller reads through pread
 (``read_backend="pread"``, or sources that cannot be mapped) are decoded ahead through the
 caller's readers; mapped files (``"auto"``, ``"mmap"``) through readers of their own, opened
-with pread on first use (one more open file each, no second mapping) and closed with the
-reader. A file changed under a background decode is then an error when the caller takes that
-block, as with pread. Off when more files are selected than may be open at once (an open-file
-eviction must not close a reader a decode uses).
+with pread on first use (one more open file each, no second mapping) and closed with the reader.
+A file changed under a background decode is then an error when the caller takes that block, as
+with pread. Off when more files are selected than may be open at once (an open-file eviction
+must not close a reader a decode uses).
 
 Note: read-ahead and fork. A process forked while a background decode runs (a DataLoader
 starting fork workers right after a pass in the main process) would copy a decode half done:
@@ -36,8 +36,7 @@ native locks held by a thread the child does not have, and futures no thread wil
 fork waits for the decodes running then (``os.register_at_fork``: each decode ahead holds its
 reader's gate, which the forking thread takes before the fork and gives back after), and the
 child drops what it copied (pools without threads, pending decodes) and starts its own threads
-when it reads.
-"""
+when it reads."""
 
 from __future__ import annotations
 
