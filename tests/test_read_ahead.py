@@ -6,6 +6,7 @@ Data: ``synthetic.write_table_files`` (value of (file, column, row) known: conft
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
@@ -169,3 +170,83 @@ def test_a_fork_during_a_decode_ahead_waits_for_it_and_the_child_reads(long_dir,
     assert os.waitstatus_to_exitcode(done[1]) == 0
     batches.extend(passing)
     np.testing.assert_array_equal(torch.cat(batches).numpy(), expected)
+
+
+FEW_FDS = r"""
+import json, os, resource, sys
+import numpy as np, torch
+from tsfile_torch import TsFileIterableDataset
+ds = TsFileIterableDataset(sys.argv[1], batch_size=4096, block_rows=32768, read_backend="auto")
+used = {int(x) for x in os.listdir("/proc/self/fd")}
+soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+limit = 1
+while limit - sum(1 for fd in used if fd < limit) < 1:  # one descriptor left free
+    limit += 1
+resource.setrlimit(resource.RLIMIT_NOFILE, (limit, hard))
+try:
+    passes = [torch.cat(list(ds)).numpy() for _ in range(2)]
+finally:
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+np.save(sys.argv[2], np.stack(passes))
+print(json.dumps(sorted(ds.core.reader.ahead.no_side)))
+"""
+
+
+def test_a_pread_reader_for_read_ahead_that_cannot_open_only_turns_read_ahead_off(
+    expected_rows, run_python, tmp_path
+):
+    """Mapped readers keep no descriptor, a read-ahead reader keeps one: with one descriptor
+    free, the read-ahead readers of some of 4 files cannot open; those files are read without
+    read-ahead, exactly, and nothing raises."""
+    spec = synthetic.DatasetSpec(
+        num_files=4, devices_per_file=1, fields_per_device=3, num_rows=70000
+    )
+    synthetic.write_table_files(tmp_path, spec)
+    out = tmp_path / "passes.npy"
+    proc = run_python(FEW_FDS, str(tmp_path), str(out))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    no_side = json.loads(proc.stdout.splitlines()[-1])
+    assert no_side and set(no_side) <= set(range(4)), proc.stdout
+    expected = expected_rows(spec, 0, spec.num_rows).astype(np.float32)
+    for got in np.load(out):
+        np.testing.assert_array_equal(got, expected)
+
+
+def test_the_gate_lets_decodes_run_side_by_side_and_a_fork_wait_for_them():
+    from tsfile_torch.read.readahead import _Gate
+
+    gate, inside, peak, lock = _Gate(), [0], [0], threading.Lock()
+    release = threading.Event()
+
+    def decode():
+        with gate:
+            with lock:
+                inside[0] += 1
+                peak[0] = max(peak[0], inside[0])
+            release.wait(10)
+            with lock:
+                inside[0] -= 1
+
+    threads = [threading.Thread(target=decode) for _ in range(3)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 10
+    while peak[0] < 3 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert peak[0] == 3  # side by side, not one at a time
+    closing = threading.Thread(target=gate.close)  # a fork: waits for the three
+    closing.start()
+    closing.join(0.2)
+    assert closing.is_alive()
+    release.set()
+    closing.join(10)
+    assert not closing.is_alive() and inside[0] == 0
+    late = threading.Thread(target=decode)  # a decode while the fork is under way waits
+    late.start()
+    late.join(0.2)
+    assert late.is_alive() and inside[0] == 0
+    gate.reopen()
+    late.join(10)
+    assert not late.is_alive()
+    for t in threads:
+        t.join(10)

@@ -207,10 +207,10 @@ class LoaderScope:
         self.slots = slots
         in_main = threading.current_thread() is threading.main_thread()
         self.open = has_workers and _on["worker_reports"] and in_main
-        restore_due()  # a scope closed off the main thread: its handler back first
-        if not self.open:
-            return
-        with _SCOPE_LOCK:
+        with _SCOPE_LOCK:  # (a collection on another thread may close the last scope meanwhile)
+            restore_due()  # a scope closed off the main thread: its handler back first
+            if not self.open:
+                return
             if _SCOPES == 0:
                 _close_at_exit()
                 _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)

@@ -20,26 +20,32 @@ without this every block of a file shorter than a block (the reference workload)
 the start of an epoch, while the training step waits; with it, that decode overlaps the steps of
 the pass before.
 
-A background decode never touches a mapping: a mapped file truncated while a background decode
-touches its pages would kill the process with SIGBUS, where a read in the caller's thread checks
-the file first and reports the change. Files the caller reads through pread
-(``read_backend="pread"``, or sources that cannot be mapped) are decoded ahead through the
-caller's readers; mapped files (``"auto"``, ``"mmap"``) through readers of their own, opened
-with pread on first use (one more open file each, no second mapping) and closed with the reader.
-A file changed under a background decode is then an error when the caller takes that block, as
-with pread. Off when more files are selected than may be open at once (an open-file eviction
-must not close a reader a decode uses).
+A decode ahead (one the caller does not wait for) never touches a mapping: a mapped file
+truncated while a background decode touches its pages would kill the process with SIGBUS, where
+a read in the caller's thread checks the file first and reports the change (the caller's decode
+threads, which it waits for, read the mapping as its own thread would). Files the caller reads
+through pread (``read_backend="pread"``, or sources that cannot be mapped) are decoded ahead
+through the caller's readers; mapped files (``"auto"``, ``"mmap"``) through readers of their
+own, opened with pread on first use (one more open file descriptor each, where a mapped reader
+keeps none; no second mapping) and closed with the reader. They are used only while both kinds
+fit ``max_open_files`` (at most half as many files selected), and a file whose pread reader
+cannot open (too many open files) is read without read-ahead, never an error. A file changed
+under a decode ahead is an error when the caller takes that block, as with pread. Off when more
+files are selected than may be open at once (an open-file eviction must not close a reader a
+decode uses).
 
-Note: read-ahead and fork. A process forked while a background decode runs (a DataLoader
-starting fork workers right after a pass in the main process) would copy a decode half done:
-native locks held by a thread the child does not have, and futures no thread will finish. So a
-fork waits for the decodes running then (``os.register_at_fork``: each decode ahead holds its
-reader's gate, which the forking thread takes before the fork and gives back after), and the
-child drops what it copied (pools without threads, pending decodes) and starts its own threads
-when it reads."""
+Note: read-ahead and fork. A process forked while a decode ahead runs (a DataLoader starting
+fork workers right after a pass in the main process) would copy a decode half done: native
+locks held by a thread the child does not have, and futures no thread will finish. So a fork
+waits for the decodes ahead running then (``os.register_at_fork``: they run through their
+reader's gate, which the forking thread closes before the fork and reopens after; two threads
+may fork at once), and the child drops what every reader copied (pools without threads, pending
+decodes) and starts its own threads when it reads. The caller's own decode threads are idle
+whenever its thread forks."""
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import weakref
@@ -51,6 +57,8 @@ from tsfile_torch.read.blockcache import Block
 from tsfile_torch.read.openfiles import OpenFiles
 
 __all__ = ["FIRST_BLOCK_ROWS", "ReadAhead", "local_rows"]
+
+logger = logging.getLogger(__name__)
 
 #: Rows a pass decodes first, alone, of a group whose block is at least twice as long (Note:
 #: read-ahead): about one batch.
@@ -78,11 +86,14 @@ class ReadAhead:
 
     def __init__(self, reader, max_open_files: int):
         self.reader = weakref.proxy(reader)  # the reader holds this: no reference cycle
-        self.gate = threading.Lock()  # held by a decode ahead, and across a fork (see the notes)
+        self.gate = _Gate()  # entered by each decode ahead, closed across a fork (see the notes)
         self.decode_pool: ThreadPoolExecutor | None = None  # the decode threads of one read
         _LIVE.add(self)
         catalog = reader.catalog
         self.on = len(catalog.files) <= max_open_files
+        #: mapped files are decoded ahead through pread readers when both kinds fit the limit
+        self.side_ok = 2 * len(catalog.files) <= max_open_files
+        self.no_side: set[int] = set()  # files whose pread reader could not open
         #: files the caller reads through pread: decoded ahead through the caller's readers
         self.unmapped = [
             reader.read_backend == "pread" or info.source.mapped_path() is None
@@ -115,7 +126,7 @@ class ReadAhead:
                 continue
             self.begun.add(gi)
             group = r.catalog.groups[gi]
-            if not self.small_first:
+            if not self.small_first or not self._background(group.file_index):
                 continue
             local_lo, local_hi = local_rows(group, start_row, stop_row)
             if local_lo >= local_hi:
@@ -192,20 +203,39 @@ class ReadAhead:
             return False
         if key in into or (key in r.cache and not for_next):
             return True
+        if not self._background(group.file_index):
+            return True
         nbytes = (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
         pending = sum(n for _, n in [*self.pending.values(), *self.next.values()])
         if r.cache.nbytes + pending + nbytes > r.cache.capacity:
             return True
-        plan = r.decoder.plan(gi, lo, hi, self._files(group.file_index))  # opens: this thread
+        files = self._files(group.file_index)
+        if files is not r.files:
+            try:
+                files.reader(group.file_index)  # the pread reader: optional, never an error here
+            except (TsFileTorchError, OSError) as err:
+                self.no_side.add(group.file_index)
+                logger.debug("no read-ahead for %s: %s", r.catalog.files[group.file_index], err)
+                return True
+        plan = r.decoder.plan(gi, lo, hi, files)  # opens and indexes: in this thread
         if self.pool is None:
             threads = max(1, min(r.decode_threads, (os.cpu_count() or 1) - 1))
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
         into[key] = (self.pool.submit(self._decode_gated, plan), nbytes)
         return True
 
-    def _decode_gated(self, plan) -> Block:
+    def _decode_gated(self, plan) -> Block | None:
         with self.gate:  # a fork waits for this decode (Note: read-ahead and fork)
-            return self.reader.decoder.decode(plan)
+            try:
+                return self.reader.decoder.decode(plan)
+            except ReferenceError:  # the reader is gone: nobody will take this block
+                return None
+
+    def _background(self, file_index: int) -> bool:
+        """Whether ``file_index`` may be decoded ahead (see the module notes)."""
+        if self.unmapped[file_index]:
+            return True
+        return self.side_ok and file_index not in self.no_side
 
     def _files(self, file_index: int) -> OpenFiles:
         """The readers a background decode of ``file_index`` goes through (never a mapping)."""
@@ -280,31 +310,71 @@ class ReadAhead:
 
     def forked(self) -> None:
         """In a forked child: drop the parent's threads and decodes (Note: read-ahead and fork)."""
-        self.gate = threading.Lock()
+        self.gate = _Gate()
         self.pool = self.decode_pool = None  # their threads are the parent's
         self.pending, self.next = {}, {}  # decodes no thread here will finish
         self.later.clear()
 
 
+class _Gate:
+    """Decodes ahead run through it side by side; a fork closes it: new decodes wait and the
+    fork waits for the running ones to end (Note: read-ahead and fork)."""
+
+    def __init__(self):
+        self._cond = threading.Condition(threading.Lock())
+        self._running = 0
+        self._closed = 0  # forks under way (two threads may fork at once)
+
+    def __enter__(self) -> None:
+        with self._cond:
+            while self._closed:
+                self._cond.wait()
+            self._running += 1
+
+    def __exit__(self, *exc) -> None:
+        with self._cond:
+            self._running -= 1
+            if not self._running:
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed += 1
+            try:
+                while self._running:
+                    self._cond.wait()
+            except BaseException:  # interrupted (Ctrl-C): left open, the fork goes on
+                self._closed -= 1
+                self._cond.notify_all()
+                raise
+
+    def reopen(self) -> None:
+        with self._cond:
+            self._closed -= 1
+            self._cond.notify_all()
+
+
 #: the ReadAhead objects of this process (Note: read-ahead and fork)
 _LIVE: weakref.WeakSet = weakref.WeakSet()
-_HELD: list[ReadAhead] = []  # gates the forking thread holds
+_FORKING = threading.local()  # the gates this thread closed for its fork
 
 
 def _before_fork() -> None:
+    _FORKING.closed = []
     for ahead in list(_LIVE):
-        ahead.gate.acquire()  # the decode running now, if any, ends first
-        _HELD.append(ahead)
+        ahead.gate.close()  # the decodes running now end first
+        _FORKING.closed.append(ahead)
 
 
 def _after_fork_in_parent() -> None:
-    while _HELD:
-        _HELD.pop().gate.release()
+    closed, _FORKING.closed = getattr(_FORKING, "closed", []), []
+    for ahead in closed:
+        ahead.gate.reopen()
 
 
 def _after_fork_in_child() -> None:
-    held, _HELD[:] = list(_HELD), []
-    for ahead in held:
+    _FORKING.closed = []
+    for ahead in list(_LIVE):  # every one: their threads are the parent's
         ahead.forked()
 
 
