@@ -1,0 +1,69 @@
+"""Where a stepped streaming epoch goes: decodes by thread and backend, time waiting for batches.
+
+Reference workload through ``make_loader`` (0 workers), 7 epochs: the first without a consumer,
+the rest with the ``--startup`` bench's training step (torch matrix products on one thread,
+about 20 ms a batch). Per epoch: seconds, seconds waiting for batches, and the decodes counted
+by (thread, backend of the reader they went through: "" = the dataset's own).
+
+    cd /tmp && python <checkout>/benchmarks/stepped_probe.py auto|mmap|pread
+"""
+
+import collections
+import sys
+import threading
+import time
+
+import torch
+
+from tsfile_torch import TsFileIterableDataset, make_loader
+from tsfile_torch.bench.reference import reference_data
+
+torch.set_num_threads(1)
+_A = torch.randn(192, 192)
+
+
+def _matmuls(n: int) -> None:
+    for _ in range(n):
+        torch.mm(_A, _A)
+
+
+def _per_step(seconds: float) -> int:
+    n, t = 8, 0.0
+    while t < 0.05:
+        n *= 2
+        t0 = time.perf_counter()
+        _matmuls(n)
+        t = time.perf_counter() - t0
+    return max(1, round(n * seconds / t))
+
+
+def main() -> None:
+    backend = sys.argv[1] if len(sys.argv) > 1 else "auto"
+    step = _per_step(0.02)
+    ds = TsFileIterableDataset(str(reference_data()), batch_size=8192, read_backend=backend)
+    reader = ds.core.reader
+    seen = []
+    decode = reader.decoder.decode
+
+    def recording(plan):
+        seen.append((threading.current_thread().name.split("_")[0], plan.via))
+        return decode(plan)
+
+    reader.decoder.decode = recording
+    loader = make_loader(ds)
+    for epoch in range(7):
+        seen.clear()
+        waited = 0.0
+        start = asked = time.perf_counter()
+        for _ in loader:
+            waited += time.perf_counter() - asked
+            if epoch:
+                _matmuls(step)
+            asked = time.perf_counter()
+        took = time.perf_counter() - start
+        counts = dict(collections.Counter(seen))
+        print(f"epoch {epoch}: {took:.3f} s, waiting {waited:.3f} s, decodes {counts}")
+
+
+if __name__ == "__main__":
+    main()
