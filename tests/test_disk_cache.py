@@ -29,7 +29,7 @@ from tsfile_torch import (
 from tsfile_torch.cli import main as cli
 from tsfile_torch.data.ring import RingBatch
 from tsfile_torch.data.view import KeptBatch
-from tsfile_torch.loader import _InMain
+from tsfile_torch.loader import _InMain, _InMainIterable
 from tsfile_torch.read import diskcache
 
 
@@ -121,9 +121,10 @@ def test_workers_hand_kept_batches_over_by_reference(rows_dir, panel_dir, tmp_pa
         options = {}
     want = _epochs(make("none"), 2, **options)
     ds = make("disk", tmp_path)
-    if kind == "windows":  # make_loader's own loader serves kept windows in the main process
-        pytest.importorskip("torchdata")
-        options["stateful"] = True  # (Note: kept passes): torchdata's keeps its workers
+    # make_loader's own loader serves kept passes in the main process (Note: kept passes);
+    # torchdata's keeps its workers: the hand-over is what this test is about
+    pytest.importorskip("torchdata")
+    options["stateful"] = True
     loader = make_loader(ds, num_workers=2, **options)
     first = _raw_epoch(loader)
     if kind != "windows":  # windows fill a whole device before gathering: kept at once
@@ -423,6 +424,43 @@ def test_an_entry_of_a_long_key_is_found_again(tmp_path):
     again = diskcache.open_store([3, 4], 2, np.float32, key, str(tmp_path), 2**30)
     assert again.has(1, 1, 3) and not again.has(0, 1, 3)
     np.testing.assert_array_equal(again.get(1, 1, 3)[1], [5, 6])
+
+
+@pytest.mark.parametrize(
+    "order, num_workers",
+    [("sequential", 3), ("batches", 2), ("random", 2), ("shuffle", 2)],
+)
+def test_a_kept_iterable_pass_is_served_by_the_main_process_in_the_workers_order(
+    rows_dir, tmp_path, order, num_workers
+):
+    """Note: kept passes. Epoch 0 fills the entry through the workers; a later fresh pass is
+    read in the main process: each worker's share taken in turn, as DataLoader delivers them
+    (8 batches over 3 workers: shares of unequal length), the same batches in the same order as the
+    workers of a streaming loader deliver; the persistent workers stay up."""
+
+    def make(cache, cache_dir=None):
+        return _rows(
+            rows_dir, cache, cache_dir, batch_size=700, order=order, seed=5,
+            random_batches=7 if order == "random" else None,
+        )  # fmt: skip
+
+    want = _epochs(make("none"), num_workers, epochs=3)
+    ds = make("disk", tmp_path)
+    loader = make_loader(ds, num_workers=num_workers)
+    kinds = []
+    for epoch in range(3):
+        passing = iter(loader)
+        kinds.append(isinstance(passing._inner, _InMainIterable))
+        got = [b if isinstance(b, (tuple, list)) else (b,) for b in passing]
+        _same([[torch.cat([p[i] for p in got]).numpy() for i in range(2)]], [want[epoch]])
+        assert ds.epoch == epoch
+    if order == "shuffle":  # row gathers: the workers make them side by side
+        assert kinds == [False, False, False]
+    elif order == "random":  # windows keep the blocks they touch: whole after one or two epochs
+        assert kinds[0] is False and kinds[2]
+    else:
+        assert kinds == [False, True, True]
+    assert all(w.is_alive() for w in loader._iterator._workers)
 
 
 @pytest.mark.parametrize("kind", ["rows", "windows"])

@@ -241,6 +241,7 @@ class _Rows(View):
             num_batches=len(self) if isinstance(self, tud.IterableDataset) else None,
             epoch_sums=lambda: self.checks_epoch_sums,
             slots=self.core.slots,
+            main_pass=self.main_pass if isinstance(self, tud.IterableDataset) else None,
         )
 
     @property
@@ -308,6 +309,21 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
             reader.set_range(min(s for s, _ in spans), max(e for _, e in spans))
         for items in cursor:
             yield self._read_items(items, order)
+
+    def main_pass(self, epoch: int, num_workers: int) -> Iterator:
+        """Yield a fresh pass over ``epoch`` as ``num_workers`` DataLoader workers deliver it,
+        read in this process (Note: kept passes in :mod:`tsfile_torch.loader`): each worker's
+        share as it would read it, taken in turn (one batch of each worker, then the next; a
+        worker whose share is done is skipped), the order DataLoader's in-order delivery gives.
+        The epoch is recorded as a pass's first worker would record it."""
+        order = self.spec.order
+        shares = [self.items_for(epoch, w, num_workers) for w in range(num_workers)]
+        self._start(epoch, order)
+        self.passes.epochs.record(epoch)
+        for turn in range(max(map(len, shares), default=0)):
+            for share in shares:
+                if turn < len(share):
+                    yield self._read_items(share[turn], order)
 
     def items_for(self, epoch: int, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
         """Return the batches (item arrays) one worker of this rank yields in ``epoch``."""
