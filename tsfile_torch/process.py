@@ -150,8 +150,11 @@ class _AllSlots:
 
 
 def _sigchld(signum, frame):
+    previous = _PREVIOUS_SIGCHLD
+    if previous is None:  # a signal that arrived while the handler was being put back
+        return
     try:
-        _PREVIOUS_SIGCHLD(signum, frame)
+        previous(signum, frame)
     except RuntimeError as err:
         better = explain_worker_failure(err, _AllSlots())
         if better is None:
