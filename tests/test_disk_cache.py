@@ -454,6 +454,14 @@ def test_a_kept_iterable_pass_is_served_by_the_main_process_in_the_workers_order
         got = [b if isinstance(b, (tuple, list)) else (b,) for b in passing]
         _same([[torch.cat([p[i] for p in got]).numpy() for i in range(2)]], [want[epoch]])
         assert ds.epoch == epoch
+    # a pass begins when its iterator is made, as on the workers' route: one dropped unread
+    # uses up its epoch; the number of batches is the pass's own
+    dropped = iter(loader)
+    if isinstance(dropped._inner, _InMainIterable):
+        assert len(dropped) == len(want[0][0]) // 700 + (len(want[0][0]) % 700 > 0)
+    del dropped
+    assert sum(len(batch[0]) for batch in loader) == len(want[0][0])
+    assert ds.epoch == 4
     if order == "shuffle":  # row gathers: the workers make them side by side
         assert kinds == [False, False, False]
     elif order == "random":  # windows keep the blocks they touch: whole after one or two epochs

@@ -343,9 +343,7 @@ class _InMainIterable:
     passes): the batches its workers would deliver, in their order, read here."""
 
     def __init__(self, loader, epoch: int):
-        spec = loader._spec
-        self._length = spec.num_batches if spec.num_batches is not None else 0
-        self._batches = spec.main_pass(epoch, loader.num_workers)
+        self._length, self._batches = loader._spec.main_pass(epoch, loader.num_workers)
         self._pin = loader.pin_memory
         self._device = getattr(loader, "pin_memory_device", "") or None
 

@@ -310,20 +310,21 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         for items in cursor:
             yield self._read_items(items, order)
 
-    def main_pass(self, epoch: int, num_workers: int) -> Iterator:
-        """Yield a fresh pass over ``epoch`` as ``num_workers`` DataLoader workers deliver it,
-        read in this process (Note: kept passes in :mod:`tsfile_torch.loader`): each worker's
-        share as it would read it, taken in turn (one batch of each worker, then the next; a
-        worker whose share is done is skipped), the order DataLoader's in-order delivery gives.
-        The epoch is recorded as a pass's first worker would record it."""
+    def main_pass(self, epoch: int, num_workers: int) -> tuple[int, Iterator]:
+        """Begin a fresh pass over ``epoch`` as ``num_workers`` DataLoader workers deliver it,
+        read in this process (Note: kept passes in :mod:`tsfile_torch.loader`); return its
+        number of batches and its batches. Each worker's share as it would read it, taken in
+        turn (one batch of each worker, then the next; a worker whose share is done is
+        skipped), the order DataLoader's in-order delivery gives. The pass begins now, as a
+        worker's would (the epoch is recorded as its first worker records it), not at its
+        first batch."""
         order = self.spec.order
         shares = [self.items_for(epoch, w, num_workers) for w in range(num_workers)]
+        turns = range(max(map(len, shares), default=0))
+        plan = [share[turn] for turn in turns for share in shares if turn < len(share)]
         self._start(epoch, order)
         self.passes.epochs.record(epoch)
-        for turn in range(max(map(len, shares), default=0)):
-            for share in shares:
-                if turn < len(share):
-                    yield self._read_items(share[turn], order)
+        return len(plan), (self._read_items(items, order) for items in plan)
 
     def items_for(self, epoch: int, worker: int = 0, num_workers: int = 1) -> list[np.ndarray]:
         """Return the batches (item arrays) one worker of this rank yields in ``epoch``."""

@@ -125,9 +125,10 @@ class LoaderSpec:
     workers read through (hand-over flags, worker reports). ``block_values``: values one
     read may decode first (for the timeout). ``serve``: turns a :class:`KeptBatch` back into
     the batch. ``epoch_sums()``: whether a full epoch now hands out every row once (checked
-    against the metadata sums). ``main_pass(epoch, num_workers)``: an iterable view's fresh
-    pass of ``num_workers`` workers, read in the calling process, in the order a DataLoader
-    delivers it (Note: kept passes in :mod:`tsfile_torch.loader`).
+    against the metadata sums). ``main_pass(epoch, num_workers)``: begins an iterable view's
+    fresh pass of ``num_workers`` workers, read in the calling process, in the order a
+    DataLoader delivers it; returns (batches, iterator) (Note: kept passes in
+    :mod:`tsfile_torch.loader`).
     """
 
     windows: bool
@@ -139,7 +140,7 @@ class LoaderSpec:
     num_batches: int | None = None
     epoch_sums: Callable[[], bool] | None = None
     slots: Any = field(default=None)
-    main_pass: Callable[[int, int], Any] | None = None
+    main_pass: Callable[[int, int], tuple[int, Any]] | None = None
 
 
 class View:
