@@ -497,3 +497,26 @@ def test_a_kept_map_style_pass_is_served_by_the_main_process(rows_dir, panel_dir
         _same([[torch.cat([p[i] for p in got]).numpy() for i in range(len(got[0]))]], [want[epoch]])
     assert passes == [False, True, True]
     assert all(w.is_alive() for w in loader._iterator._workers)
+
+
+def test_a_resumed_iterable_pass_keeps_the_workers_and_delivers_the_rest(rows_dir, tmp_path):
+    """Note: kept passes: a pass resuming a loaded state is not served by the main process
+    (its workers know where they stand); the rest of the epoch arrives exactly once."""
+    ds = _rows(rows_dir, "disk", tmp_path, order="batches", seed=2)
+    list(make_loader(ds, num_workers=2))  # fills the entry
+    ds.set_epoch(1)
+    passing = iter(ds)
+    head = [next(passing) for _ in range(3)]
+    saved = ds.state_dict()
+    whole = torch.cat([b[1] for b in _rows(rows_dir, "none", order="batches", seed=2)])
+    again = _rows(rows_dir, "disk", tmp_path, order="batches", seed=2)
+    again.load_state_dict(saved)
+    resumed = iter(make_loader(again, num_workers=2))
+    assert not isinstance(resumed._inner, _InMainIterable)
+    got = head + list(resumed)
+    times = torch.cat([b[1] for b in got])
+    assert sorted(times.tolist()) == sorted(whole.tolist())  # every row once
+    order = torch.argsort(times)
+    values = torch.cat([b[0] for b in got])[order]
+    want = torch.cat([b[0] for b in _rows(rows_dir, "none")])
+    assert torch.equal(values, want)

@@ -280,7 +280,7 @@ class _Guarded:
 
     def _resuming(self) -> bool:
         """Whether the iterable view's next pass resumes a loaded state."""
-        return getattr(self.dataset.passes, "_resume", None) is not None
+        return getattr(self.dataset.passes, "resuming", False)
 
     def _start_point(self) -> PassPoint:
         """Return where the pass about to start stands; its epoch is decided here, in the main

@@ -183,6 +183,11 @@ class Passes:
             f"every worker's), which resumes under any number of workers and ranks"
         )
 
+    @property
+    def resuming(self) -> bool:
+        """Whether the next pass resumes a loaded state (or one handed over)."""
+        return self._resume is not None
+
     def resume_elsewhere(self, epoch: int, history: tuple) -> None:
         """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
         self._resume = state.PassPoint(epoch, 0, -1, -1, self.rank, self.world_size, tuple(history))
