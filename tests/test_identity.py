@@ -47,8 +47,22 @@ def _read_passes(batches, change, passes: int = 2) -> int:
             _check_exact(values, times)
             seen += len(times)
             if p == 0 and i == 0:
+                _wait_for_decodes_ahead(batches)
                 change()
     return seen
+
+
+def _wait_for_decodes_ahead(batches) -> None:
+    """Let the decodes ahead of a dataset read in this process end (Note: read-ahead): each
+    checks the file's identity, and one running during a change made in steps (a byte
+    flipped, then the mtime put back) would see it half made, where these tests mean the
+    change as a whole, seen by the next read."""
+    core = getattr(batches, "core", None)
+    if core is None:
+        return  # a loader: its workers read
+    ahead = core.reader.ahead
+    for future, _ in [*ahead.pending.values(), *ahead.next.values()]:
+        future.exception()
 
 
 def _attribute_change(path: Path, kind: str):
