@@ -17,29 +17,13 @@ import torch
 
 from tsfile_torch import TsFileIterableDataset, make_loader
 from tsfile_torch.bench.reference import reference_data
+from tsfile_torch.bench.startup import training_step
 
 torch.set_num_threads(1)
-_A = torch.randn(192, 192)
-
-
-def _matmuls(n: int) -> None:
-    for _ in range(n):
-        torch.mm(_A, _A)
-
-
-def _per_step(seconds: float) -> int:
-    n, t = 8, 0.0
-    while t < 0.05:
-        n *= 2
-        t0 = time.perf_counter()
-        _matmuls(n)
-        t = time.perf_counter() - t0
-    return max(1, round(n * seconds / t))
 
 
 def main() -> None:
     backend = sys.argv[1] if len(sys.argv) > 1 else "auto"
-    step = _per_step(0.02)
     ds = TsFileIterableDataset(str(reference_data()), batch_size=8192, read_backend=backend)
     reader = ds.core.reader
     seen = []
@@ -51,6 +35,7 @@ def main() -> None:
 
     reader.decoder.decode = recording
     loader = make_loader(ds)
+    training_step(0.02)  # calibrated here, not inside the first stepped epoch
     for epoch in range(7):
         seen.clear()
         waited = 0.0
@@ -58,7 +43,7 @@ def main() -> None:
         for _ in loader:
             waited += time.perf_counter() - asked
             if epoch:
-                _matmuls(step)
+                training_step(0.02)
             asked = time.perf_counter()
         took = time.perf_counter() - start
         counts = dict(collections.Counter(seen))

@@ -88,13 +88,8 @@ def test_a_plain_dataloader_after_a_make_loader_loader_keeps_the_handler_it_had(
     assert _state() == before  # not a new handler chained onto the old one
 
 
-def test_a_pass_dropped_in_a_cycle_and_collected_on_another_thread_puts_the_handler_back(
-    small_dir,
-):
-    _settle()
-    _plain_loader_pass()
-    before = _state()
-    loader = make_loader(TsFileIterableDataset(small_dir, batch_size=1000), num_workers=2)
+def _drop_a_pass_collected_on_a_thread(loader, before: dict) -> None:
+    """Start a pass, take a batch, drop it in a reference cycle that another thread collects."""
     was_enabled = gc.isenabled()
     gc.disable()  # the cycle is found by the thread below, not by this one
     try:
@@ -109,24 +104,23 @@ def test_a_pass_dropped_in_a_cycle_and_collected_on_another_thread_puts_the_hand
     finally:
         if was_enabled:
             gc.enable()
+
+
+def test_a_pass_dropped_in_a_cycle_and_collected_on_another_thread_puts_the_handler_back(
+    small_dir,
+):
+    _settle()
+    _plain_loader_pass()
+    before = _state()
+    loader = make_loader(TsFileIterableDataset(small_dir, batch_size=1000), num_workers=2)
+    _drop_a_pass_collected_on_a_thread(loader, before)
     assert process._SCOPES == 0  # closed there, though only this thread may set a handler
     assert sum(len(batch) for batch in loader) == 5000  # the next pass, started here
     assert _state() == before
     _plain_loader_pass()
     assert _state() == before
     # and with nothing started after the drop: the main thread's next call puts it back
-    passing = iter(loader)
-    next(passing)
-    passing.cycle = passing
-    del passing
-    gc.disable()
-    try:
-        collector = threading.Thread(target=gc.collect)
-        collector.start()
-        collector.join()
-    finally:
-        if was_enabled:
-            gc.enable()
+    _drop_a_pass_collected_on_a_thread(loader, before)
     process.restore_due()
     assert _state() == before
 

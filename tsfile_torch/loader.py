@@ -319,31 +319,13 @@ class _InMain:
     loader's sampler and collate function, fetched here as with ``num_workers=0``."""
 
     def __init__(self, loader):
-        self._fetcher = _MapDatasetFetcher(
+        fetcher = _MapDatasetFetcher(
             loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
         )
-        self._indices = iter(loader._index_sampler)
-        self._length = len(loader._index_sampler)
-        self._pin = loader.pin_memory
-        self._device = getattr(loader, "pin_memory_device", "") or None
+        self._serve(loader, len(loader._index_sampler), map(fetcher.fetch, loader._index_sampler))
 
-    def __iter__(self):
-        return self
-
-    def __len__(self) -> int:
-        return self._length
-
-    def __next__(self):
-        batch = self._fetcher.fetch(next(self._indices))
-        return pin_memory(batch, self._device) if self._pin else batch
-
-
-class _InMainIterable:
-    """A fresh pass of an iterable view with workers, served by the main process (Note: kept
-    passes): the batches its workers would deliver, in their order, read here."""
-
-    def __init__(self, loader, epoch: int):
-        self._length, self._batches = loader._spec.main_pass(epoch, loader.num_workers)
+    def _serve(self, loader, length: int, batches) -> None:
+        self._length, self._batches = length, batches
         self._pin = loader.pin_memory
         self._device = getattr(loader, "pin_memory_device", "") or None
 
@@ -356,6 +338,14 @@ class _InMainIterable:
     def __next__(self):
         batch = next(self._batches)
         return pin_memory(batch, self._device) if self._pin else batch
+
+
+class _InMainIterable(_InMain):
+    """A fresh pass of an iterable view with workers, served by the main process (Note: kept
+    passes): the batches its workers would deliver, in their order, read here."""
+
+    def __init__(self, loader, epoch: int):
+        self._serve(loader, *loader._spec.main_pass(epoch, loader.num_workers))
 
 
 def _retire(loader, failed, gentle: bool = False) -> None:

@@ -25,8 +25,9 @@ import json
 import statistics
 import subprocess
 import sys
+import time
 
-__all__ = ["format_startup", "run_startup"]
+__all__ = ["format_startup", "run_startup", "training_step"]
 
 _CHILD = r"""
 import json, sys, time
@@ -37,27 +38,9 @@ data, workers, step, backend = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 
 import torch
 
+from tsfile_torch.bench.startup import training_step as spin
+
 torch.set_num_threads(1)
-_a = torch.randn(192, 192)
-
-def _matmuls(n):
-    for _ in range(n):
-        torch.mm(_a, _a)
-
-def _calibrate(seconds):
-    n, t = 8, 0.0
-    while t < 0.05:
-        n *= 2
-        t0 = time.perf_counter()
-        _matmuls(n)
-        t = time.perf_counter() - t0
-    return max(1, round(n * seconds / t))
-
-def spin(seconds, _n={}):
-    # a training step: torch kernels, which release the GIL as a model's would
-    if seconds not in _n:
-        _n[seconds] = _calibrate(seconds)
-    _matmuls(_n[seconds])
 
 def main():
     t = time.perf_counter()
@@ -93,6 +76,31 @@ def main():
 if __name__ == "__main__":
     main()
 """
+
+
+_STEP: dict = {}  # the step's matrix and, per duration, its number of products
+
+
+def training_step(seconds: float) -> None:
+    """Spend about ``seconds`` in torch matrix products (a training step: torch kernels release
+    the GIL, as a model's do); the number of products is calibrated on first use."""
+    import torch
+
+    a = _STEP.setdefault("matrix", torch.randn(192, 192))
+
+    def products(n: int) -> None:
+        for _ in range(n):
+            torch.mm(a, a)
+
+    if seconds not in _STEP:
+        n, took = 8, 0.0
+        while took < 0.05:
+            n *= 2
+            t0 = time.perf_counter()
+            products(n)
+            took = time.perf_counter() - t0
+        _STEP[seconds] = max(1, round(n * seconds / took))
+    products(_STEP[seconds])
 
 
 def run_startup(
