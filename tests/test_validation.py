@@ -225,3 +225,40 @@ def test_inspect_reports_a_damaged_file_instead_of_crashing(corpus, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert re.search(r"meta\.tsfile: tsfile's native reader crashed", err)
+
+
+def test_a_file_that_passed_validation_is_not_validated_again_until_it_changes(
+    tmp_path, corpus, private_cache, monkeypatch
+):
+    from tsfile_torch.integrity import screen
+
+    checked = []
+
+    def spy(sources, mode="headers", timeout=None):
+        checked.append((mode, sorted(os.path.basename(s.name) for s in sources)))
+        return validate_sources(sources, mode, timeout)
+
+    monkeypatch.setattr(screen, "validate_sources", spy)
+    synthetic.write_table_files(tmp_path / "src", synthetic.DatasetSpec(2, 1, 4, 30000))
+    for name, made in zip("ab", sorted((tmp_path / "src").glob("*.tsfile")), strict=True):
+        shutil.copy(made, tmp_path / f"{name}.tsfile")  # two devices
+    shutil.copy(corpus / "chunk.tsfile", tmp_path / "bad.tsfile")
+    files = [tmp_path / f"{n}.tsfile" for n in ("a", "b", "bad")]
+    with pytest.raises(TsFileFormatError, match=r"bad\.tsfile: tsfile's native reader crashed"):
+        TsFileIterableDataset(files)
+    ds = TsFileIterableDataset(files[:2], batch_size=10000)  # passed: no child
+    assert len(ds.columns) == 8 and len(list(ds)) == 3
+    with pytest.raises(TsFileFormatError, match=r"bad\.tsfile"):  # damage is never remembered
+        TsFileIterableDataset(files)
+    os.utime(files[1])  # touched: another identity, checked again
+    TsFileIterableDataset(files[:2], validate="full")  # "headers" does not cover "full"
+    TsFileIterableDataset(files[:2])  # "full" covers "headers"
+    TsFileIterableDataset(files[:2], validate="full")
+    assert checked == [
+        ("headers", ["a.tsfile", "b.tsfile", "bad.tsfile"]),
+        ("headers", ["bad.tsfile"]),
+        ("full", ["a.tsfile", "b.tsfile"]),
+    ]
+    shutil.copy(corpus / "chunk.tsfile", files[0])  # rewritten in place: checked again
+    with pytest.raises(TsFileFormatError, match=r"a\.tsfile: tsfile's native reader crashed"):
+        TsFileIterableDataset(files[:2])

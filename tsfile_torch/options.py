@@ -231,9 +231,10 @@ class ReadOptions:
         normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std: one
             pass when the dataset is built) or a ``Normalizer`` naming every column.
         validate: check every file's metadata and first chunks in a child process when the
-            dataset is built, so a file that crashes tsfile's native reader is an error instead;
-            ``"full"``: decode every series there too (what ``tsfile-torch verify`` does: the
-            cost of one streaming epoch, at every build), which also finds a damaged later
+            dataset is built, so a file that crashes tsfile's native reader is an error instead
+            (once per file version: a file that passed is remembered by identity, and later
+            builds skip it); ``"full"``: decode every series there too (what ``tsfile-torch
+            verify`` does: the cost of one streaming epoch), which also finds a damaged later
             value chunk that would crash a ``num_workers=0`` reader.
         on_damaged: ``"raise"``: a file that fails validation or its manifest when the dataset
             is built is a TsFileFormatError; ``"skip"``: such files (and files an earlier read

@@ -4,8 +4,11 @@ Note: damaged files at build. Before a dataset reads a file's metadata each file
 cheapest first: against the manifest that lists it (:mod:`tsfile_torch.integrity.manifest`),
 with ``on_damaged="skip"`` against what earlier reads found (a file a read found damaged is
 remembered by identity: Note: remembered verdicts in :mod:`tsfile_torch.sources.content`), then
-in the validation child (``validate=True``, :mod:`tsfile_torch.integrity.validate`); the dataset
-then reads the metadata of the rest in its own process. With ``on_damaged="raise"`` (the
+in the validation child (``validate=True``, :mod:`tsfile_torch.integrity.validate`), unless that
+check already passed for the file as it is now (a file that passed is remembered by identity,
+with the mode it passed: Note: remembered verdicts; ``"full"`` covers ``"headers"``: a later
+build of an unchanged file starts no child); the dataset then reads the metadata of the rest in
+its own process. With ``on_damaged="raise"`` (the
 default) the first check that finds damaged files raises one TsFileFormatError naming each of
 them; with ``"skip"`` they are left out, one warning lists them, and ``ds.skipped`` says which
 and why. Damage found later, while reading, always raises, naming the file.
@@ -21,7 +24,7 @@ from tsfile_torch.errors import SKIP_HINT, FileProblem, TsFileFormatError, warn_
 from tsfile_torch.integrity.manifest import check_manifests
 from tsfile_torch.integrity.validate import damaged_error, validate_sources
 from tsfile_torch.sources import Source
-from tsfile_torch.sources.content import recall, warn_unlisted
+from tsfile_torch.sources.content import recall, remember, warn_unlisted
 
 __all__ = ["Screened", "leave_out", "screen_sources"]
 
@@ -58,12 +61,34 @@ def screen_sources(sources: Sequence[Source], validate: bool | str, on_damaged: 
         problems += _remembered([s for s in sources if s.name not in {p.name for p in problems}])
     good = [s for s in sources if s.name not in {p.name for p in problems}]
     if validate and good:
-        found = validate_sources(good, "full" if validate == "full" else "headers")
+        mode = "full" if validate == "full" else "headers"
+        keys = {s.name: _key(s) for s in good}
+        todo = [s for s in good if not _passed(keys[s.name], mode)]
+        found = validate_sources(todo, mode) if todo else []
+        bad = {p.name for p in found}
+        for source in todo:
+            if source.name not in bad:
+                remember(keys[source.name], validated=mode)
         if found and not skip:
             raise damaged_error(found)
         problems += found
-        good = [s for s in good if s.name not in {p.name for p in found}]
+        good = [s for s in good if s.name not in bad]
     return Screened(good, problems, manifests.identities)
+
+
+def _key(source: Source) -> str | None:
+    """The identity a verdict about ``source`` is remembered under (``None``: not on disk)."""
+    try:
+        return source.index_key()
+    except OSError:
+        return None  # gone: the validation child says so
+
+
+def _passed(key: str | None, mode: str) -> bool:
+    """Whether the file at identity ``key`` passed a ``mode`` check before (``full`` covers
+    ``headers``)."""
+    passed = recall(key).get("validated")
+    return passed == "full" or passed == mode
 
 
 def _remembered(sources: Sequence[Source]) -> list[FileProblem]:

@@ -6,10 +6,22 @@ every native call through the one guarded read (:mod:`tsfile_torch.native.guard`
 announcement, error translation, statistics check, damage memory). Buffers come from, and go
 back to, the reader's :class:`~tsfile_torch.read.blockcache.BlockCache` (Note: recycled
 buffers).
+
+Note: head reads. Rows ``[0, n)`` of a group whose timeline index this process has not needed
+yet, in a file where each of its series is one chunk (the writer's default), are read without
+the index: from the group's first timestamp to where the mean sampling step (metadata: time
+range over row count) puts row ``n - 1``, plus :data:`HEAD_MARGIN`; a range that holds fewer
+rows is followed by the next one from its end, twice as long each time, until ``n`` rows came
+(or the group's end: then it is the usual lost-rows error). Regularly sampled data takes one
+query; the first batch of a process then costs its decode only, not an index load (four checking
+queries per group, Note: index cache in :mod:`tsfile_torch.read.timeline`) or a pass over the
+time column. Series of several chunks always go through the index (Note: whole time column
+first: a damaged later chunk header must be found before rows are handed out).
 """
 
 from __future__ import annotations
 
+import math
 import threading
 from dataclasses import dataclass
 
@@ -27,6 +39,10 @@ from tsfile_torch.read.timeline import TimeIndex, open_index, save_index
 
 __all__ = ["GroupDecoder", "Plan", "misaligned"]
 
+#: How far past the estimated time of its last row a head read's first query reaches (a
+#: fraction of the estimate; Note: head reads).
+HEAD_MARGIN = 1 / 32
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -36,7 +52,7 @@ class Plan:
     group: ReadGroup
     reader: object
     handles: list
-    span: tuple[int, int, int]  # start_time, end_time, rows to skip
+    span: tuple[int, int | None, int]  # start_time, end_time (None: a head read), rows to skip
     start: int
     num_rows: int
     via: str = ""  # the backend of ``reader`` when it is not the decoder's (read-ahead's pread)
@@ -104,10 +120,14 @@ class GroupDecoder:
             self._indexes[group_index] = index
         return index
 
-    def span(self, group_index: int, start: int, stop: int) -> tuple[int, int, int]:
+    def span(self, group_index: int, start: int, stop: int) -> tuple[int, int | None, int]:
+        """Return ``(start_time, end_time, rows to skip)`` of local rows ``[start, stop)``;
+        ``end_time`` None: a head read (Note: head reads)."""
         group = self.catalog.groups[group_index]
         if start == 0 and stop == group.num_rows:
             return group.start_time, group.end_time, 0
+        if start == 0 and group_index not in self._indexes and _one_chunk(group):
+            return group.start_time, None, 0
         # learning the index checks the time column it reads (Note: whole time column first):
         # a mismatch found there is damage too
         with damage_remembered(self.catalog.files[group.file_index]):
@@ -159,41 +179,58 @@ class GroupDecoder:
         )
 
     def _decode_native(self, plan: Plan) -> Block:
-        group, reader, handles, num_rows = plan.group, plan.reader, plan.handles, plan.num_rows
+        group, num_rows = plan.group, plan.num_rows
         start_time, end_time, skip = plan.span
-        out = self.buffers.buffers(len(handles), num_rows)
-        times, values = out.times, out.values
+        out = self.buffers.buffers(len(plan.handles), num_rows)
         want = skip + num_rows
         try:
-            results = query(reader, handles, group.aligned, start_time, end_time)
-            for k0, result in enumerate(results):
-                pos = 0
-                with result:
-                    while pos < want and (batch := result.read_arrow_record_batch()) is not None:
-                        a, b = max(pos, skip), min(pos + batch.num_rows, want)
-                        if a < b:
-                            part = batch.slice(a - pos, b - a)
-                            o = a - skip
-                            stamps = part.column(0).to_numpy(zero_copy_only=False)
-                            if k0 == 0:
-                                times[o : o + b - a] = stamps
-                            elif not np.array_equal(times[o : o + b - a], stamps):
-                                raise SchemaError(
-                                    misaligned(
-                                        self.catalog, group, group.columns[0], group.start_row + o
-                                    )
-                                )
-                            for k in range(1, part.num_columns):
-                                values[k0 + k - 1, o : o + b - a] = _as_float(part.column(k))
-                        pos += batch.num_rows
-                if pos < want:
-                    raise TsFileFormatError(self._lost(group, start_time, num_rows, pos - skip))
+            got, t0, tries = 0, start_time, 0
+            while True:  # one time range; a head read: growing ones from the start (see notes)
+                t1 = end_time if end_time is not None else _head_end(group, t0, want - got, tries)
+                got = self._query_into(plan, out, t0, t1, got, want)
+                if end_time is not None or got >= want or t1 >= group.end_time:
+                    break
+                t0, tries = t1 + 1, tries + 1
+            if got < want:
+                raise TsFileFormatError(self._lost(group, start_time, num_rows, got - skip))
         except BaseException:
             self.buffers.recycle(out)
             raise
         with self._lock:
             self.decoded_rows += num_rows
         return out
+
+    def _query_into(self, plan: Plan, out: Block, t0: int, t1: int, got: int, want: int) -> int:
+        """Query times ``[t0, t1]`` of ``plan``'s group; put its rows from ``got`` on (minus
+        the span's rows to skip) into ``out`` up to ``want``; return the rows read so far."""
+        group, skip = plan.group, plan.span[2]
+        times, values = out.times, out.values
+        reached = []
+        for k0, result in enumerate(query(plan.reader, plan.handles, group.aligned, t0, t1)):
+            pos = got
+            with result:
+                while pos < want and (batch := result.read_arrow_record_batch()) is not None:
+                    a, b = max(pos, skip), min(pos + batch.num_rows, want)
+                    if a < b:
+                        part = batch.slice(a - pos, b - a)
+                        o = a - skip
+                        stamps = part.column(0).to_numpy(zero_copy_only=False)
+                        if k0 == 0:
+                            times[o : o + b - a] = stamps
+                        elif not np.array_equal(times[o : o + b - a], stamps):
+                            raise SchemaError(
+                                misaligned(
+                                    self.catalog, group, group.columns[0], group.start_row + o
+                                )
+                            )
+                        for k in range(1, part.num_columns):
+                            values[k0 + k - 1, o : o + b - a] = _as_float(part.column(k))
+                    pos += batch.num_rows
+            reached.append(min(pos, want))
+        if len(set(reached)) > 1:  # series queried one by one (not aligned) ended apart
+            at = group.start_row + min(reached) - skip
+            raise SchemaError(misaligned(self.catalog, group, group.columns[0], at))
+        return reached[0]
 
     def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Read group-local rows ``[start, stop)`` of one read group (one device of one file).
@@ -226,6 +263,20 @@ class GroupDecoder:
             f"time {start_time}, expected {num_rows}; metadata and data disagree (damaged or "
             f"changed file); {SKIP_HINT}"
         )
+
+
+def _one_chunk(group: ReadGroup) -> bool:
+    """Whether every series of ``group`` is one chunk in its file (Note: head reads)."""
+    return all(shard.chunks <= 1 for shard in group.shards)
+
+
+def _head_end(group: ReadGroup, t0: int, rows: int, tries: int) -> int:
+    """The end of a head read's next query from ``t0`` for ``rows`` more rows: the time the
+    mean sampling step puts them at, plus :data:`HEAD_MARGIN` of it, doubled for each query
+    that fell short before (``tries``; Note: head reads)."""
+    step = (group.end_time - group.start_time) / max(group.num_rows - 1, 1)
+    reach = max(rows - 1, 1) * step * (1 + HEAD_MARGIN) * 2**tries
+    return min(group.end_time, t0 + max(1, math.ceil(reach)))
 
 
 def misaligned(
