@@ -426,14 +426,16 @@ def test_an_entry_of_a_long_key_is_found_again(tmp_path):
     np.testing.assert_array_equal(again.get(1, 1, 3)[1], [5, 6])
 
 
+@pytest.mark.parametrize("cache", ["disk", "memory"])
 @pytest.mark.parametrize(
     "order, num_workers",
     [("sequential", 3), ("batches", 2), ("random", 2), ("shuffle", 2)],
 )
 def test_a_kept_iterable_pass_is_served_by_the_main_process_in_the_workers_order(
-    rows_dir, tmp_path, order, num_workers
+    rows_dir, tmp_path, order, num_workers, cache
 ):
-    """Note: kept passes. Epoch 0 fills the entry through the workers; a later fresh pass is
+    """Note: kept passes (``cache="memory"``: the store fork workers share, Note: shared memory
+    store). Epoch 0 fills the entry through the workers; a later fresh pass is
     read in the main process: each worker's share taken in turn, as DataLoader delivers them
     (8 batches over 3 workers: shares of unequal length), the same batches in the same order as the
     workers of a streaming loader deliver; the persistent workers stay up."""
@@ -445,7 +447,7 @@ def test_a_kept_iterable_pass_is_served_by_the_main_process_in_the_workers_order
         )  # fmt: skip
 
     want = _epochs(make("none"), num_workers, epochs=3)
-    ds = make("disk", tmp_path)
+    ds = make(cache, tmp_path if cache == "disk" else None)
     loader = make_loader(ds, num_workers=num_workers)
     kinds = []
     for epoch in range(3):
@@ -471,8 +473,11 @@ def test_a_kept_iterable_pass_is_served_by_the_main_process_in_the_workers_order
     assert all(w.is_alive() for w in loader._iterator._workers)
 
 
+@pytest.mark.parametrize("cache", ["disk", "memory"])
 @pytest.mark.parametrize("kind", ["rows", "windows"])
-def test_a_kept_map_style_pass_is_served_by_the_main_process(rows_dir, panel_dir, tmp_path, kind):
+def test_a_kept_map_style_pass_is_served_by_the_main_process(
+    rows_dir, panel_dir, tmp_path, kind, cache
+):
     """Note: kept passes. Epoch 0 fills the entry through the workers; later passes of
     make_loader's loader are fetched in the main process, in the same order, with the same
     values, and the persistent workers stay up for a pass that needs them."""
@@ -486,7 +491,7 @@ def test_a_kept_map_style_pass_is_served_by_the_main_process(rows_dir, panel_dir
         )  # fmt: skip
         options = {}
     want = _epochs(make("none"), 2, epochs=3, **options)
-    ds = make("disk", tmp_path)
+    ds = make(cache, tmp_path if cache == "disk" else None)
     loader = make_loader(ds, num_workers=2, **options)
     passes = []
     for epoch in range(3):

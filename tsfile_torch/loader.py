@@ -275,7 +275,7 @@ class _Guarded:
         return (
             self._main_ok
             and self.num_workers > 0
-            and all(c.options.cache == "disk" and kept_whole(c) for c in cores)
+            and all(c.shared and kept_whole(c) for c in cores)
         )
 
     def _resuming(self) -> bool:
@@ -470,6 +470,11 @@ def make_loader(
         if kwargs.get("multiprocessing_context") is None:
             kwargs["multiprocessing_context"] = worker_context()
         kwargs.setdefault("timeout", MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * spec.block_values)
+        context = kwargs["multiprocessing_context"]
+        method = context if isinstance(context, str) else context.get_start_method()
+        if method == "fork":
+            for core in spec.cores:  # Note: shared memory store in tsfile_torch.read.memory
+                core.share_store()
         ring = RingControl(num_workers)  # Note: ring in tsfile_torch.data.handover
         kwargs["collate_fn"] = RingCollate(kwargs.get("collate_fn") or tud.default_convert)
         kwargs["worker_init_fn"] = functools.partial(

@@ -7,10 +7,21 @@ output dtype); a table's rows are filled as they are first read. Memory:
 ``rows * (columns * itemsize + 9)`` bytes per process. ``cache="disk"`` is the same store over
 arrays mapped from one file shared by every process (see
 :mod:`tsfile_torch.read.diskcache`, Note: decoded disk cache).
+
+Note: shared memory store. Under :func:`tsfile_torch.make_loader` with fork workers (the default
+where tsfile-torch makes fork safe), ``cache="memory"``'s store is made by the main process
+before the workers start, in anonymous shared memory (``mmap(-1)``, ``MAP_SHARED``: no file, no
+``/dev/shm`` name, nothing left behind whatever ends the processes), and every worker fills and
+reads that one store: one copy of the rows for the machine instead of one per worker, batches a
+worker finds kept there handed over by reference, and once every row is kept the main process
+serves a pass alone (Note: kept passes in :mod:`tsfile_torch.loader`), as with ``cache="disk"``.
+Workers write the same bytes to rows two of them fill at once, values before flags (the
+fence). Spawn and forkserver workers, which cannot inherit it, keep a store each, as before.
 """
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections.abc import Sequence
 
@@ -74,6 +85,29 @@ class MemoryStore:
         if seals is not None:
             seals.table_starts = self.offsets
         self._whole = np.zeros(len(sizes), dtype=bool)  # tables known to be kept entirely
+
+    @classmethod
+    def shared(cls, sizes: Sequence[int], num_columns: int, dtype) -> MemoryStore:
+        """Return an empty store in anonymous shared memory (Note: shared memory store): the
+        processes this one forks later see and fill the same rows; no file, no name, gone
+        with the last process that maps it."""
+        total = int(np.sum(sizes, dtype=np.int64))
+        dtype = np.dtype(dtype)
+        parts = [total * num_columns * dtype.itemsize, total * 8, total]
+        pages = [-(-n // mmap.PAGESIZE) * mmap.PAGESIZE for n in parts]
+        backing = mmap.mmap(-1, max(sum(pages), mmap.PAGESIZE))  # MAP_SHARED, zero-filled
+        at = np.concatenate([[0], np.cumsum(pages)])
+        values = np.frombuffer(backing, dtype, total * num_columns, int(at[0]))
+        times = np.frombuffer(backing, np.int64, total, int(at[1]))
+        filled = np.frombuffer(backing, np.bool_, total, int(at[2]))
+        return cls(
+            sizes, num_columns, dtype, (values.reshape(total, num_columns), times, filled), backing
+        )
+
+    def adopt(self, other: MemoryStore) -> None:
+        """Take the rows ``other`` (a store of the same tables) keeps."""
+        rows = np.flatnonzero(other.filled)
+        self.put_rows(rows, other.values[rows], other.times[rows])
 
     @property
     def nbytes(self) -> int:
