@@ -51,7 +51,7 @@ from tsfile_torch.integrity.reports import explain_worker_failure
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.options import check_bool, check_int
 from tsfile_torch.process import LoaderScope, start_worker
-from tsfile_torch.read.core import kept_whole
+from tsfile_torch.read.core import kept_whole, share_store, shares_store
 from tsfile_torch.sampling.state import NUM_WORKERS, WORKER, PassPoint, check_state, pass_state
 
 __all__ = ["default_timeout", "make_loader", "saved_num_workers", "worker_context"]
@@ -275,7 +275,7 @@ class _Guarded:
         return (
             self._main_ok
             and self.num_workers > 0
-            and all(c.shared and kept_whole(c) for c in cores)
+            and all(shares_store(c) and kept_whole(c) for c in cores)
         )
 
     def _resuming(self) -> bool:
@@ -474,7 +474,7 @@ def make_loader(
         method = context if isinstance(context, str) else context.get_start_method()
         if method == "fork":
             for core in spec.cores:  # Note: shared memory store in tsfile_torch.read.memory
-                core.share_store()
+                share_store(core)
         ring = RingControl(num_workers)  # Note: ring in tsfile_torch.data.handover
         kwargs["collate_fn"] = RingCollate(kwargs.get("collate_fn") or tud.default_convert)
         kwargs["worker_init_fn"] = functools.partial(

@@ -183,9 +183,7 @@ class ReadingCore:
         self.hand_over = False
         self.catalog: Catalog | None = None
         self.tables: list[Table] = []
-        #: ``cache="memory"``'s store in memory shared with fork workers (Note: shared memory
-        #: store); kept across a fork, dropped by :meth:`close` and by pickling
-        self._shared: MemoryStore | None = None
+        self._shared: MemoryStore | None = None  # fork workers' too (:func:`share_store`)
         self.normalizer = None
         self._names: list[list[str]] | None = None
         self._cells: CellSums | None = None
@@ -444,33 +442,11 @@ class ReadingCore:
         if not self.store().has_whole(table):
             _keep_blocks(self, table, np.arange(0, self.tables[table].num_rows, self.block_rows))
 
-    def share_store(self) -> bool:
-        """Keep ``cache="memory"``'s rows in memory that fork workers share with this process
-        (Note: shared memory store), once, before the workers start; rows this process kept
-        already move there. Return whether the store is shared (always with the disk cache)."""
-        if self.options.cache == "disk":
-            return True
-        if self.options.cache != "memory":
-            return False
-        if self._shared is None:
-            shared = MemoryStore.shared(self.table_sizes, self.width, self.dtype)
-            own = self._store if self._store is not False and self._reader is not None else None
-            if own is not None and self._reader.pid == os.getpid():
-                shared.adopt(own)
-                self._store = shared
-            self._shared = shared
-        return True
-
-    @property
-    def shared(self) -> bool:
-        """Whether the store is one every process of a loader sees (disk, or shared memory)."""
-        return self.options.cache == "disk" or self._shared is not None
-
     def kept(self, table: int, start: int = 0, stop: int = 0, rows=None) -> bool:
         """Whether a make_loader worker hands rows ``[start, stop)`` (or the rows ``rows``) of
         ``table`` over by reference (Note: hand-over); ``table=None``: any gather (every table
         is kept whole)."""
-        store = self.store() if self.hand_over and self.shared else None
+        store = self.store() if self.hand_over and shares_store(self) else None
         if store is None or table is None:
             return store is not None and store is self.whole_store()
         if rows is not None:
@@ -502,13 +478,14 @@ class ReadingCore:
         if self._reader is not None:
             self._reader.close()
         self._reset()
-        self._shared = None
+        self._shared = None  # a loader started later shares a new one
 
     # -- pickling: no native handles ---------------------------------------------------------
     def __getstate__(self):
         out = self.__dict__.copy()
+        # anonymous shared memory (Note: shared memory store) reaches fork children only
         out.update(_reader=None, _reader_epoch=None, _store=False, _blocks=None, _whole=False)
-        out["_shared"] = None  # anonymous shared memory reaches fork children only
+        out.update(_shared=None)
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
@@ -534,6 +511,28 @@ def _keep_blocks(core: ReadingCore, table: int, rows: np.ndarray) -> None:
         hi = min(lo + core.block_rows, size)
         if not store.has(table, lo, hi):  # another process may have kept it (disk)
             core.rows(table, lo, hi)
+
+
+def shares_store(core: ReadingCore) -> bool:
+    """Whether the store is one every process of a loader sees (disk, or shared memory)."""
+    return core.options.cache == "disk" or core._shared is not None
+
+
+def share_store(core: ReadingCore) -> bool:
+    """Keep ``cache="memory"``'s rows in memory that fork workers share with this process
+    (Note: shared memory store in :mod:`tsfile_torch.read.memory`), once, before the workers
+    start; rows this process kept already move there. Return whether the store is shared
+    (always with the disk cache)."""
+    if core.options.cache != "memory":
+        return core.options.cache == "disk"
+    if core._shared is None:
+        shared = MemoryStore.shared(core.table_sizes, core.width, core.dtype)
+        own = core._store if core._store is not False and core._reader is not None else None
+        if own is not None and core._reader.pid == os.getpid():
+            shared.adopt(own)
+            core._store = shared
+        core._shared = shared
+    return True
 
 
 def kept_whole(core: ReadingCore) -> bool:
