@@ -38,6 +38,8 @@ def test_fork_workers_fill_one_store_the_main_process_serves_later_passes(
         assert np.array_equal(np.sort(got[:, 0]), np.sort(want[:, 0]))
         assert np.array_equal(got[np.argsort(got[:, 0])], want[np.argsort(want[:, 0])])
     assert served == [False, True, True]  # the workers' rows are the main process's
+    ds.close()  # the persistent workers still hold the store: it stays shared
+    assert isinstance(iter(loader)._inner, _InMainIterable)
     store = ds.core.store()
     assert bool(store.filled.all()) and np.array_equal(store.values, want)
     del loader, passing

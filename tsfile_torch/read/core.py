@@ -477,8 +477,7 @@ class ReadingCore:
         """Close this process's readers and drop decoded values (they reopen on the next read)."""
         if self._reader is not None:
             self._reader.close()
-        self._reset()
-        self._shared = None  # a loader started later shares a new one
+        self._reset()  # the shared store stays: persistent fork workers still fill it
 
     # -- pickling: no native handles ---------------------------------------------------------
     def __getstate__(self):
@@ -518,21 +517,17 @@ def shares_store(core: ReadingCore) -> bool:
     return core.options.cache == "disk" or core._shared is not None
 
 
-def share_store(core: ReadingCore) -> bool:
+def share_store(core: ReadingCore) -> None:
     """Keep ``cache="memory"``'s rows in memory that fork workers share with this process
     (Note: shared memory store in :mod:`tsfile_torch.read.memory`), once, before the workers
-    start; rows this process kept already move there. Return whether the store is shared
-    (always with the disk cache)."""
-    if core.options.cache != "memory":
-        return core.options.cache == "disk"
-    if core._shared is None:
+    start; rows this process kept already move there."""
+    if core.options.cache == "memory" and core._shared is None:
         shared = MemoryStore.shared(core.table_sizes, core.width, core.dtype)
         own = core._store if core._store is not False and core._reader is not None else None
         if own is not None and core._reader.pid == os.getpid():
             shared.adopt(own)
             core._store = shared
         core._shared = shared
-    return True
 
 
 def kept_whole(core: ReadingCore) -> bool:

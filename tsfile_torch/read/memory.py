@@ -30,6 +30,7 @@ import numpy as np
 __all__ = ["MemoryStore", "fence"]
 
 _FENCE = threading.Lock()
+_ADOPT_ROWS = 1 << 16  # rows :meth:`MemoryStore.adopt` copies at once
 
 
 def fence() -> None:
@@ -105,9 +106,12 @@ class MemoryStore:
         )
 
     def adopt(self, other: MemoryStore) -> None:
-        """Take the rows ``other`` (a store of the same tables) keeps."""
-        rows = np.flatnonzero(other.filled)
-        self.put_rows(rows, other.values[rows], other.times[rows])
+        """Take the rows ``other`` (a store of the same tables) keeps, a stretch at a time (no
+        second whole copy)."""
+        for lo in range(0, len(other.filled), _ADOPT_ROWS):
+            rows = lo + np.flatnonzero(other.filled[lo : lo + _ADOPT_ROWS])
+            if len(rows):
+                self.put_rows(rows, other.values[rows], other.times[rows])
 
     @property
     def nbytes(self) -> int:
