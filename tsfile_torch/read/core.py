@@ -15,8 +15,9 @@ the row datasets, each device's fields for windows):
 The core owns one **store** of kept rows, picked by name from :data:`STORES` (``cache=``):
 ``"none"`` keeps nothing beyond the reader's streaming cache (and, for views that gather many
 items from a block, a byte-bounded LRU of finalized blocks: :meth:`block`), ``"memory"`` a
-:class:`~tsfile_torch.read.memory.MemoryStore` per process, ``"disk"`` the same store over one
-mapped file shared by every process and later runs (Note: decoded disk cache).
+:class:`~tsfile_torch.read.memory.MemoryStore` per process (one shared with fork workers:
+Note: shared memory store), ``"disk"`` the same store over one mapped file shared by every
+process and later runs (Note: decoded disk cache).
 
 Note: a view holds the core. A dataset kind maps its items to rows of the core's tables and
 calls the core; it never reads, caches or checks on its own. If a view needs something of the

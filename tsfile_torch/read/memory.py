@@ -4,8 +4,8 @@ The one decoded cache: the row datasets keep their one table here, the window da
 table per device, side by side in the same ``(rows, columns)`` array, so a batch of windows
 from many devices is one numpy gather. Values are kept as handed out (normalized, in the
 output dtype); a table's rows are filled as they are first read. Memory:
-``rows * (columns * itemsize + 9)`` bytes per process. ``cache="disk"`` is the same store over
-arrays mapped from one file shared by every process (see
+``rows * (columns * itemsize + 9)`` bytes per process (once for fork workers, below).
+``cache="disk"`` is the same store over arrays mapped from one file shared by every process (see
 :mod:`tsfile_torch.read.diskcache`, Note: decoded disk cache).
 
 Note: shared memory store. Under :func:`tsfile_torch.make_loader` with fork workers (the default
