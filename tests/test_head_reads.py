@@ -105,3 +105,43 @@ def test_unaligned_tree_series_are_read_from_their_head_in_one_piece(tmp_path):
         assert np.array_equal(stamps, times), workers  # each worker reads its share's head
         for j in range(3):
             assert np.array_equal(got[:, j], synthetic.value_of(0, j, rows)), (workers, j)
+
+
+class _Without:
+    """tsfile metadata as a binding without ``chunk_meta_count`` gives it."""
+
+    def __init__(self, inner, timeseries=None):
+        self._inner, self._timeseries = inner, timeseries
+
+    def __getattr__(self, name):
+        if name == "chunk_meta_count":
+            raise AttributeError(name)
+        if name == "timeseries" and self._timeseries is not None:
+            return self._timeseries
+        return getattr(self._inner, name)
+
+
+def test_a_binding_that_does_not_count_chunks_reads_through_the_index(tmp_path, monkeypatch):
+    """An unknown chunk count is not one chunk: the head read is only for series known whole."""
+    from tsfile_torch.catalog import build
+
+    real = build._read_metadata
+
+    def without_counts(source):
+        metadata, schemas = real(source)
+        hidden = {
+            device: _Without(group, [_Without(ts) for ts in group.timeseries])
+            for device, group in metadata.items()
+        }
+        return hidden, schemas
+
+    monkeypatch.setattr(build, "_read_metadata", without_counts)
+    times = _times("regular")
+    path = _write(tmp_path / "f.tsfile", times)
+    ds = TsFileDataset(path, batch_size=4096, block_rows=4096, dtype="float64", index_cache=False)
+    assert {shard.chunks for col in ds.core.catalog.columns for shard in col.shards} == {0}
+    reads = _reads(ds)
+    values = ds[0].numpy()
+    assert "for the timeline index" in reads[0]
+    for j in range(2):
+        assert np.array_equal(values[:, j], synthetic.value_of(0, j, np.arange(4096)))

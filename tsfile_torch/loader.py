@@ -16,8 +16,9 @@
 - With ``check_statistics`` on, an epoch that hands out every row once (a full pass of a row
   dataset on one rank, no random windows, no alignment or normalization) is checked at its end:
   each column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`).
-- With ``cache="disk"``, workers hand batches already kept in the cache over by reference and
-  the iterator serves them from the main process's mapping (Note: hand-over in
+- With ``cache="disk"``, and ``cache="memory"`` under fork workers (one shared store), workers
+  hand batches already kept over by reference and the iterator serves them from the main
+  process's mapping (Note: hand-over in
   :mod:`tsfile_torch.data.view`); a pass of a view whose every table is kept there is served
   by the main process alone, in the order its workers would deliver (Note: kept passes).
 - ``stateful=True`` returns torchdata's ``StatefulDataLoader`` (the ``resume`` extra): its
@@ -108,7 +109,8 @@ def _spec(dataset) -> LoaderSpec:
 # :mod:`tsfile_torch.sampling.orders`); no part of torchdata's own state layout is read. Under
 # the same topology torchdata resumes each worker exactly, as it saved them.
 
-# Note: kept passes. Once every table of a view is kept in the disk cache, workers have nothing
+# Note: kept passes. Once every table of a view is kept in a store the main process maps too
+# (the disk cache, or the shared memory store of fork workers), workers have nothing
 # left to do for a pass of make_loader's own collate function: a worker would only echo each
 # request (a KeptBatch) for the main process to serve from its own mapping, and on a small
 # machine DataLoader's two queue messages per batch cost about what serving it does. Such a pass
@@ -267,7 +269,7 @@ class _Guarded:
 
     def _kept_pass(self, start: PassPoint) -> bool:
         """Whether this pass is served by the main process (Note: kept passes)."""
-        cores = self._spec.cores  # the disk cache: the main process maps what workers wrote
+        cores = self._spec.cores  # disk or shared memory: the main process maps what workers wrote
         if self._spec.iterable and (start.position or start.history or self._resuming()):
             return False  # a resumed pass: its workers know where they stand
         if not self._spec.windows and self.dataset.spec.order == "shuffle":

@@ -93,8 +93,9 @@ class Shard:
     start_time: int
     end_time: int
     start_row: int = 0
-    #: chunks of the series in this file (IoTDB flushes, long files: several)
-    chunks: int = 1
+    #: chunks of the series in this file (IoTDB flushes, long files: several); 0: unknown (a
+    #: binding without ``chunk_meta_count``), treated as several
+    chunks: int = 0
     #: the series' value statistics in this file (checked against decoded values; None: absent)
     num_values: int | None = None
     min: float | None = None
@@ -257,7 +258,7 @@ def _read_file(
                 num_rows=timeline.row_count,
                 start_time=timeline.start_time,
                 end_time=timeline.end_time,
-                chunks=getattr(ts, "chunk_meta_count", 1) or 1,
+                chunks=getattr(ts, "chunk_meta_count", 0) or 0,
                 **_shard_statistics(ts.statistic),
             )
             dtype = NUMERIC_TYPES.get(ts.data_type, ts.data_type.name)

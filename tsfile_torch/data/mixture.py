@@ -156,12 +156,17 @@ class MixedWindows(View, tud.Dataset):
         which = np.searchsorted(self._offsets, idx, side="right") - 1
         order = np.argsort(which, kind="stable")
         used = np.unique(which).tolist()
-        if all(self.datasets[d].core.kept(None) for d in used):  # Note: hand-over
+        local = {d: (idx[which == d] - self._offsets[d]).tolist() for d in used}
+        # each dataset fills its store before it says kept (Note: hand-over): a check before
+        # the gather would hand over windows an empty store lacks, and the main process decodes
+        gathered = {d: self.datasets[d].gather(local[d], hand_over=True) for d in used}
+        if all(isinstance(b, KeptBatch) for b in gathered.values()):
             return KeptBatch((idx.tolist(),))
         pieces = []
         for d in used:
-            members = np.flatnonzero(which == d)
-            batch = self.datasets[d].gather((idx[members] - self._offsets[d]).tolist())
+            batch = gathered[d]
+            if isinstance(batch, KeptBatch):  # kept here, but another dataset's are not
+                batch = self.datasets[d].gather(local[d])
             parts = list(batch.parts)
             if batch.keys is not None:  # device ids across the mixture
                 j = batch.keys.index("device_id")

@@ -14,11 +14,14 @@ initialized, else the ``RANK`` / ``WORLD_SIZE`` environment variables, else (0, 
 to DataLoader workers by pickling, so fork, forkserver and spawn workers shard alike (a spawned
 worker has no process group to ask).
 
-Note: hand-over. With ``cache="disk"`` every process maps the same decoded file, so a batch a
-DataLoader worker finds kept there need not travel as values: the worker returns a
-:class:`KeptBatch` (the request it was given: a few numbers) and the main process serves the
-request from its own mapping of the same entry (one copy out of the page cache, as with
-``num_workers=0``). A shuffled row batch is a gather, a copy wherever it is made: the worker
+Note: hand-over. With ``cache="disk"`` every process maps the same decoded file, and with
+``cache="memory"`` make_loader's fork workers fill one store in anonymous shared memory the
+main process made before they started (Note: shared memory store in
+:mod:`tsfile_torch.read.memory`), so a batch a DataLoader worker finds kept there need not
+travel as values: the worker returns a :class:`KeptBatch` (the request it was given: a few
+numbers) and the main process serves the request from its own mapping of the same store (one
+copy, as with ``num_workers=0``). Spawn and forkserver workers keep a memory store each: they
+send values. A shuffled row batch is a gather, a copy wherever it is made: the worker
 makes it, into its ring slot, so workers gather in parallel instead of the main process alone
 (2 workers: 0.5x the epoch of 0 workers, where the main process's gathers made it 2.7x). Any
 other batch a worker makes is carved from one shared-memory buffer
@@ -90,7 +93,8 @@ def resolve_rank(rank: int | None = None, world_size: int | None = None) -> tupl
 
 
 class KeptBatch:
-    """A batch a DataLoader worker found in the decoded disk cache (Note: hand-over).
+    """A batch a DataLoader worker found kept in a store the main process maps too (the decoded
+    disk cache, or a shared memory store; Note: hand-over).
 
     ``request``: what the dataset needs to serve it again from its own mapping.
     """

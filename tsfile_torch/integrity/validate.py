@@ -86,7 +86,7 @@ def _check_first_rows(reader, catalog, info, whole_times: bool = False) -> None:
         if whole_times:
             metadata = reader.get_timeseries_metadata(None)
             whole_times = any(
-                (getattr(ts, "chunk_meta_count", 1) or 1) > 1
+                getattr(ts, "chunk_meta_count", 0) != 1  # unknown: as several
                 for group in metadata.values()
                 for ts in group.timeseries
             )

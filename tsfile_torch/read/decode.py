@@ -262,8 +262,9 @@ class GroupDecoder:
 
 
 def _one_chunk(group: ReadGroup) -> bool:
-    """Whether every series of ``group`` is one chunk in its file (Note: head reads)."""
-    return all(shard.chunks <= 1 for shard in group.shards)
+    """Whether every series of ``group`` is one chunk in its file (Note: head reads); a count
+    the binding does not give (0) is not one."""
+    return all(shard.chunks == 1 for shard in group.shards)
 
 
 def _head_end(group: ReadGroup, t0: int, rows: int, tries: int) -> int:
