@@ -404,3 +404,11 @@ def test_a_damaged_object_is_a_format_error_naming_its_url_not_a_crash(s3_server
     good = TsFileDataset(f"s3://{name}/data/good.tsfile", batch_size=30000, **kwargs)
     want = np.stack([synthetic.value_of(0, c, np.arange(30000)) for c in range(4)], axis=1)
     np.testing.assert_array_equal(good[0].numpy(), want.astype(np.float32))
+
+
+def test_an_object_without_a_version_keeps_nothing_under_its_identity():
+    """No ETag, generation or mtime: a same-size rewrite would look the same, so no verdict,
+    index or decoded cache is kept for it (index_key None: unkeyable)."""
+    versioned = remote.RemoteFile("s3://b/k.tsfile", 100, '"etag"')
+    assert versioned.index_key() == repr(("s3://b/k.tsfile", '"etag"', 100))
+    assert remote.RemoteFile("s3://b/k.tsfile", 100, "").index_key() is None

@@ -262,3 +262,31 @@ def test_a_file_that_passed_validation_is_not_validated_again_until_it_changes(
     shutil.copy(corpus / "chunk.tsfile", files[0])  # rewritten in place: checked again
     with pytest.raises(TsFileFormatError, match=r"a\.tsfile: tsfile's native reader crashed"):
         TsFileIterableDataset(files[:2])
+
+
+def test_a_pass_is_remembered_only_by_this_checker_for_the_file_as_it_ended(
+    tmp_path, private_cache, monkeypatch
+):
+    """Another tsfile or tsfile-torch version checks anew; a file written while the child
+    checked it is not remembered as passed (its key after the check is not the one before)."""
+    from tsfile_torch.integrity import screen
+
+    checked = []
+
+    def spy(sources, mode="headers", timeout=None):
+        checked.append(sorted(os.path.basename(s.name) for s in sources))
+        found = validate_sources(sources, mode, timeout)
+        if len(checked) == 1:
+            os.utime(sources[0].path, ns=(1, 1))  # written during the first check
+        return found
+
+    monkeypatch.setattr(screen, "validate_sources", spy)
+    synthetic.write_table_files(tmp_path, synthetic.DatasetSpec(2, 1, 2, 3000))
+    files = sorted(tmp_path.glob("*.tsfile"))
+    TsFileIterableDataset(files)
+    TsFileIterableDataset(files)  # the file written during the check is checked again
+    TsFileIterableDataset(files)  # both remembered now
+    monkeypatch.setattr(screen, "checker", lambda: "tsfile 9.9.9, tsfile-torch 0.1.0")
+    TsFileIterableDataset(files)  # another version: both anew
+    names = [f.name for f in files]
+    assert checked == [names, names[:1], names]

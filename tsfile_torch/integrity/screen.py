@@ -6,7 +6,8 @@ with ``on_damaged="skip"`` against what earlier reads found (a file a read found
 remembered by identity: Note: remembered verdicts in :mod:`tsfile_torch.sources.content`), then
 in the validation child (``validate=True``, :mod:`tsfile_torch.integrity.validate`), unless that
 check already passed for the file as it is now (a file that passed is remembered by identity,
-with the mode it passed: Note: remembered verdicts; ``"full"`` covers ``"headers"``: a later
+with the mode it passed and the tsfile and tsfile-torch versions that checked it: Note:
+remembered verdicts; ``"full"`` covers ``"headers"``: a later
 build of an unchanged file starts no child); the dataset then reads the metadata of the rest in
 its own process. With ``on_damaged="raise"`` (the
 default) the first check that finds damaged files raises one TsFileFormatError naming each of
@@ -16,10 +17,13 @@ and why. Damage found later, while reading, always raises, naming the file.
 
 from __future__ import annotations
 
+import functools
+import importlib.metadata
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tsfile_torch import __version__
 from tsfile_torch.errors import SKIP_HINT, FileProblem, TsFileFormatError, warn_caller
 from tsfile_torch.integrity.manifest import check_manifests
 from tsfile_torch.integrity.validate import damaged_error, validate_sources
@@ -66,9 +70,9 @@ def screen_sources(sources: Sequence[Source], validate: bool | str, on_damaged: 
         todo = [s for s in good if not _passed(keys[s.name], mode)]
         found = validate_sources(todo, mode) if todo else []
         bad = {p.name for p in found}
-        for source in todo:
-            if source.name not in bad:
-                remember(keys[source.name], validated=mode)
+        for source in todo:  # as the file is now: a write during the check moves its key
+            if source.name not in bad and _key(source) == keys[source.name]:
+                remember(keys[source.name], validated=mode, checker=checker())
         if found and not skip:
             raise damaged_error(found)
         problems += found
@@ -87,8 +91,20 @@ def _key(source: Source) -> str | None:
 def _passed(key: str | None, mode: str) -> bool:
     """Whether the file at identity ``key`` passed a ``mode`` check before (``full`` covers
     ``headers``)."""
-    passed = recall(key).get("validated")
-    return passed == "full" or passed == mode
+    record = recall(key)
+    passed = record.get("validated")
+    return record.get("checker") == checker() and (passed == "full" or passed == mode)
+
+
+@functools.cache
+def checker() -> str:
+    """What a remembered pass was checked with: a verdict of another tsfile or tsfile-torch
+    version (its reader may crash on what this one's passed, or the reverse) is checked anew."""
+    try:
+        native = importlib.metadata.version("tsfile")
+    except importlib.metadata.PackageNotFoundError:
+        native = "unknown"
+    return f"tsfile {native}, tsfile-torch {__version__}"
 
 
 def _remembered(sources: Sequence[Source]) -> list[FileProblem]:

@@ -195,8 +195,11 @@ class RemoteFile(Source):
     def mapped_path(self) -> str:
         return os.path.realpath(self.cache_path)
 
-    def index_key(self, identity=None) -> str:
-        return repr((self.url, *(identity or self.identity())))
+    def index_key(self, identity=None) -> str | None:
+        """``None`` for an object its store gives no version of (no ETag, generation or mtime):
+        a rewrite of the same size would have the same key, so nothing is kept under it."""
+        version, nbytes = identity or self.identity()
+        return repr((self.url, version, nbytes)) if version else None
 
     @contextlib.contextmanager
     def for_child(self) -> Iterator[Source]:
