@@ -44,6 +44,15 @@ def fence() -> None:
         pass
 
 
+def _seen(kept: bool) -> bool:
+    """Return ``kept``, after a fence when it is True: the values a flag set by another
+    process vouches for are read after the flag (the read side of :meth:`MemoryStore.put`'s
+    fence; x86 keeps loads in order anyway, weaker CPUs need not)."""
+    if kept:
+        fence()
+    return kept
+
+
 class MemoryStore:
     """Rows of several tables kept in one array, filled as they are read.
 
@@ -124,7 +133,7 @@ class MemoryStore:
         base = int(self.offsets[table])
         if self.seals is not None:
             return self.seals.ready(*self.seals.blocks(base + start, base + stop))
-        return bool(self.filled[base + start : base + stop].all())
+        return _seen(bool(self.filled[base + start : base + stop].all()))
 
     def has_whole(self, table: int) -> bool:
         """Return True if every row of ``table`` is kept (remembered once found)."""
@@ -133,7 +142,7 @@ class MemoryStore:
             if self.seals is not None:
                 self._whole[table] = lo == hi or self.seals.ready(*self.seals.blocks(lo, hi))
             else:
-                self._whole[table] = bool(self.filled[lo:hi].all())
+                self._whole[table] = _seen(bool(self.filled[lo:hi].all()))
         return bool(self._whole[table])
 
     def known_whole(self) -> bool:
@@ -154,7 +163,7 @@ class MemoryStore:
         """Return True if the store rows ``rows`` (positions in the one array) are kept."""
         if self.seals is not None:
             return self.seals.ready_rows(rows)
-        return bool(self.filled[rows].all())
+        return _seen(bool(self.filled[rows].all()))
 
     def put_rows(self, rows, values: np.ndarray, times: np.ndarray) -> None:
         """Keep ``values`` / ``times`` as the store rows ``rows`` (a slice or positions).

@@ -25,11 +25,12 @@ under ``$XDG_CACHE_HOME/tsfile-torch/verified`` (:func:`tsfile_torch.options.use
 one per file identity (:meth:`Source.index_key <tsfile_torch.sources.base.Source.index_key>`:
 path, size, mtime, ctime, inode, device), so later builds, DataLoader workers and later runs do
 not hash again: ``{"algorithm", "hash"}`` once a file was hashed, ``{"damaged": reason}`` once a
-read found it damaged (``on_damaged="skip"`` then leaves it out), ``{"validated": mode, "checker"}`` once
-it passed the validation child, with the tsfile and tsfile-torch versions that checked it (later
-builds with the same versions skip the child: :mod:`tsfile_torch.integrity.screen`); a file
-whose key moved while the child checked it is not remembered. An object its store gives no
-version of has no key (``None``): nothing is remembered about it.
+read found it damaged (``on_damaged="skip"`` then leaves it out), ``{"validated", "checker"}``
+once it passed the validation child: the mode, and the tsfile and tsfile-torch versions that
+checked it (later builds with the same versions skip the child:
+:mod:`tsfile_torch.integrity.screen`); a file whose key moved while the child checked it is not
+remembered. An object its store gives no version of has no key (``None``): nothing is
+remembered about it.
 Any write to the file moves its ctime and so its key: a verdict never outlives the bytes it was
 about.
 """
