@@ -36,6 +36,7 @@ __all__ = [
     "SourceMetadata",
     "build_catalog",
     "check_shared_timeline",
+    "chunk_count",
     "lay_out",
     "read_metadata",
     "device_name",
@@ -194,6 +195,12 @@ class Catalog:
         ]
 
 
+def chunk_count(ts) -> int:
+    """Return the chunks of tsfile series metadata ``ts`` in its file; 0: unknown (a binding
+    without ``chunk_meta_count``), which readers treat as several."""
+    return getattr(ts, "chunk_meta_count", 0) or 0
+
+
 def _device_name(device: tuple) -> str:
     return ".".join("null" if part is None else str(part) for part in device)
 
@@ -258,7 +265,7 @@ def _read_file(
                 num_rows=timeline.row_count,
                 start_time=timeline.start_time,
                 end_time=timeline.end_time,
-                chunks=getattr(ts, "chunk_meta_count", 0) or 0,
+                chunks=chunk_count(ts),
                 **_shard_statistics(ts.statistic),
             )
             dtype = NUMERIC_TYPES.get(ts.data_type, ts.data_type.name)

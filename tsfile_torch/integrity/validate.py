@@ -38,7 +38,7 @@ from collections.abc import Sequence
 import numpy as np
 import pyarrow as pa
 
-from tsfile_torch.catalog.build import build_catalog
+from tsfile_torch.catalog.build import build_catalog, chunk_count
 from tsfile_torch.errors import FileProblem, TsFileFormatError
 from tsfile_torch.native.backend import open_reader
 from tsfile_torch.native.forkfix import fork_safe
@@ -86,7 +86,7 @@ def _check_first_rows(reader, catalog, info, whole_times: bool = False) -> None:
         if whole_times:
             metadata = reader.get_timeseries_metadata(None)
             whole_times = any(
-                getattr(ts, "chunk_meta_count", 0) != 1  # unknown: as several
+                chunk_count(ts) != 1  # unknown (0): as several
                 for group in metadata.values()
                 for ts in group.timeseries
             )
