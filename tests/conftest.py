@@ -66,6 +66,14 @@ def expected(spec: synthetic.DatasetSpec, start: int, stop: int) -> np.ndarray:
 
 
 @pytest.fixture(scope="session")
+def ragged_panel(tmp_path_factory):
+    """A panel of 3 devices x 2 fields with 900, 400 and 650 rows (read only: shared)."""
+    directory = tmp_path_factory.mktemp("ragged-panel")
+    synthetic.write_panel(directory, num_devices=3, num_fields=2, num_rows=[900, 400, 650])
+    return directory
+
+
+@pytest.fixture(scope="session")
 def small_expected():
     """The whole small dataset as a float64 (rows, columns) matrix."""
     return expected(SMALL, 0, SMALL.num_rows)

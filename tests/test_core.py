@@ -25,13 +25,6 @@ from tsfile_torch.read.core import STORES, ReadingCore
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def panel(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("core-panel")
-    synthetic.write_panel(directory, num_devices=3, num_fields=2, num_rows=[900, 400, 650])
-    return directory
-
-
 def test_a_script_reads_rows_through_the_core_without_a_dataset(small_dir, small_expected):
     core = ReadingCore.for_rows(small_dir, columns=["t.d1.*"], read_backend="mmap")
     assert core.catalog.column_names == ["t.d1.s0", "t.d1.s1", "t.d1.s2"]
@@ -76,8 +69,8 @@ def test_every_store_gives_the_streamed_rows_and_keeps_what_it_says(small_dir, t
         assert store.has(0, 0, 5000) and store.values.shape == (5000, 3)
 
 
-def test_the_finalized_blocks_of_a_window_view_live_in_its_core(panel):
-    ds = TsFileWindowDataset(panel, 24, 8, stride=4)
+def test_the_finalized_blocks_of_a_window_view_live_in_its_core(ragged_panel):
+    ds = TsFileWindowDataset(ragged_panel, 24, 8, stride=4)
     assert ds.core.cached_bytes == 0
     ds.gather(list(range(10)))
     assert ds.core.cached_bytes > 0 and ds.cached_bytes == ds.core.cached_bytes
@@ -85,13 +78,13 @@ def test_the_finalized_blocks_of_a_window_view_live_in_its_core(panel):
     assert ds.core.cached_bytes == 0
 
 
-def test_a_dropped_dataset_closes_its_files_at_once(small_dir, panel):
+def test_a_dropped_dataset_closes_its_files_at_once(small_dir, ragged_panel):
     """Views, passes and cores make no reference cycle: no garbage collection needed to unmap."""
     gc.disable()
     try:
         for build, batch_size in (
             (lambda: TsFileIterableDataset(small_dir, batch_size=1000, cache="memory"), None),
-            (lambda: TsFileWindowDataset(panel, 24, 8, stride=4), 16),
+            (lambda: TsFileWindowDataset(ragged_panel, 24, 8, stride=4), 16),
         ):
             ds = build()
             list(make_loader(ds, batch_size=batch_size))
@@ -120,7 +113,9 @@ def test_a_state_saved_over_other_data_is_refused(small_dir, tmp_path):
 
 
 @pytest.mark.parametrize("stateful", [False, True])
-def test_a_disk_cached_mixture_is_served_from_the_main_process_mapping(panel, tmp_path, stateful):
+def test_a_disk_cached_mixture_is_served_from_the_main_process_mapping(
+    ragged_panel, tmp_path, stateful
+):
     """Note: kept passes / hand-over. Once both entries are filled, make_loader's loader serves
     the passes in the main process; torchdata's stateful loader keeps its workers, which hand
     the batches over by reference."""
@@ -130,7 +125,7 @@ def test_a_disk_cached_mixture_is_served_from_the_main_process_mapping(panel, tm
     def mix(cache):
         parts = [
             TsFileWindowDataset(
-                panel, 24, 8, stride=4, devices=[d], cache=cache, cache_dir=tmp_path
+                ragged_panel, 24, 8, stride=4, devices=[d], cache=cache, cache_dir=tmp_path
             )
             for d in ("meters.s0", "meters.s1")
         ]

@@ -39,13 +39,6 @@ def rows_dir(small_dir):
     return small_dir
 
 
-@pytest.fixture(scope="module")
-def panel_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("disk-panel")
-    synthetic.write_panel(directory, num_devices=3, num_fields=2, num_rows=[900, 400, 650])
-    return directory
-
-
 def _epochs(ds, num_workers=0, epochs=2, batch_size=None):
     """Return every epoch's batches, concatenated per epoch (values and timestamps)."""
     loader = make_loader(ds, batch_size=batch_size, num_workers=num_workers)
@@ -108,13 +101,13 @@ def _raw_epoch(loader):
 @pytest.mark.parametrize(
     "kind", ["sequential", pytest.param("shuffle", marks=pytest.mark.slow), "windows"]
 )
-def test_workers_hand_kept_batches_over_by_reference(rows_dir, panel_dir, tmp_path, kind):
+def test_workers_hand_kept_batches_over_by_reference(rows_dir, ragged_panel, tmp_path, kind):
     """Note: hand-over. Epoch 1 fills the entry; in epoch 2 the workers send KeptBatch
     requests (no values) for kept row ranges, ring slots for shuffled gathers (a gather is a
     copy wherever it is made: the workers make it), and make_loader's iterator serves exactly
     the streaming batches."""
     if kind == "windows":
-        make = functools.partial(_windows, panel_dir)
+        make = functools.partial(_windows, ragged_panel)
         options = {"batch_size": 64}
     else:
         make = functools.partial(_rows, rows_dir, order=kind)
@@ -178,31 +171,33 @@ def _windows(source, cache, cache_dir=None, **kw):
     )
 
 
-def test_windows_equal_streaming_every_backend(panel_dir, tmp_path, read_backend):
-    want = _epochs(_windows(panel_dir, "none", read_backend=read_backend), batch_size=64)
-    got = _epochs(_windows(panel_dir, "disk", tmp_path, read_backend=read_backend), batch_size=64)
+def test_windows_equal_streaming_every_backend(ragged_panel, tmp_path, read_backend):
+    want = _epochs(_windows(ragged_panel, "none", read_backend=read_backend), batch_size=64)
+    got = _epochs(
+        _windows(ragged_panel, "disk", tmp_path, read_backend=read_backend), batch_size=64
+    )
     _same(got, want)
     (entry,) = _entries(tmp_path)  # every device in one entry
     assert entry.rows == 900 + 400 + 650
 
 
 @pytest.mark.slow
-def test_windows_equal_streaming_with_two_workers(panel_dir, tmp_path, read_backend):
-    want = _epochs(_windows(panel_dir, "none", read_backend=read_backend), 2, batch_size=64)
+def test_windows_equal_streaming_with_two_workers(ragged_panel, tmp_path, read_backend):
+    want = _epochs(_windows(ragged_panel, "none", read_backend=read_backend), 2, batch_size=64)
     got = _epochs(
-        _windows(panel_dir, "disk", tmp_path, read_backend=read_backend), 2, batch_size=64
+        _windows(ragged_panel, "disk", tmp_path, read_backend=read_backend), 2, batch_size=64
     )
     _same(got, want)
 
 
-def test_aligned_and_normalized_windows_equal_streaming(panel_dir, tmp_path):
+def test_aligned_and_normalized_windows_equal_streaming(ragged_panel, tmp_path):
     kw = dict(normalize="minmax", start_time=50)
-    want = _epochs(_windows(panel_dir, "none", **kw), batch_size=32)
-    _same(_epochs(_windows(panel_dir, "disk", tmp_path, **kw), batch_size=32), want)
+    want = _epochs(_windows(ragged_panel, "none", **kw), batch_size=32)
+    _same(_epochs(_windows(ragged_panel, "disk", tmp_path, **kw), batch_size=32), want)
     # another normalization shapes other values: another entry, never the first one's rows
     _same(
-        _epochs(_windows(panel_dir, "disk", tmp_path, start_time=50), batch_size=32),
-        _epochs(_windows(panel_dir, "none", start_time=50), batch_size=32),
+        _epochs(_windows(ragged_panel, "disk", tmp_path, start_time=50), batch_size=32),
+        _epochs(_windows(ragged_panel, "none", start_time=50), batch_size=32),
     )
     assert len(_entries(tmp_path)) == 2
 
@@ -364,17 +359,17 @@ def test_a_read_only_cache_dir_decodes_with_one_warning(rows_dir, tmp_path, tmpf
         os.chmod(diskcache.decoded_dir(str(tmp_path)), 0o755)
 
 
-def test_a_read_only_partial_entry_serves_exact_windows(panel_dir, tmp_path, tmpfs):
+def test_a_read_only_partial_entry_serves_exact_windows(ragged_panel, tmp_path, tmpfs):
     cache_dir, freeze = _read_only_dir(tmp_path, tmpfs)
-    _windows(panel_dir, "disk", cache_dir)[0]  # keeps one device of three
+    _windows(ragged_panel, "disk", cache_dir)[0]  # keeps one device of three
     (entry,) = _entries(cache_dir)
     assert 0 < entry.filled_rows < entry.rows
     freeze()
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            got = _epochs(_windows(panel_dir, "disk", cache_dir), batch_size=64)
-        _same(got, _epochs(_windows(panel_dir, "none"), batch_size=64))
+            got = _epochs(_windows(ragged_panel, "disk", cache_dir), batch_size=64)
+        _same(got, _epochs(_windows(ragged_panel, "none"), batch_size=64))
     finally:
         os.chmod(diskcache.decoded_dir(str(tmp_path)), 0o755)
 
@@ -476,13 +471,13 @@ def test_a_kept_iterable_pass_is_served_by_the_main_process_in_the_workers_order
 @pytest.mark.parametrize("cache", ["disk", "memory"])
 @pytest.mark.parametrize("kind", ["rows", "windows"])
 def test_a_kept_map_style_pass_is_served_by_the_main_process(
-    rows_dir, panel_dir, tmp_path, kind, cache
+    rows_dir, ragged_panel, tmp_path, kind, cache
 ):
     """Note: kept passes. Epoch 0 fills the entry through the workers; later passes of
     make_loader's loader are fetched in the main process, in the same order, with the same
     values, and the persistent workers stay up for a pass that needs them."""
     if kind == "windows":
-        make = functools.partial(_windows, panel_dir)
+        make = functools.partial(_windows, ragged_panel)
         options = {"batch_size": 64}
     else:
         make = lambda cache, cache_dir=None: TsFileDataset(  # noqa: E731

@@ -14,7 +14,6 @@ from tsfile_torch import (
     TsFileIterableDataset,
     TsFileWindowDataset,
     make_loader,
-    synthetic,
 )
 from tsfile_torch.loader import _InMainIterable
 
@@ -23,13 +22,6 @@ def _ds(directory, **kw):
     return TsFileIterableDataset(
         directory, batch_size=700, block_rows=1024, cache="memory", dtype="float64", **kw
     )
-
-
-@pytest.fixture(scope="module")
-def panel(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("shared-panel")
-    synthetic.write_panel(directory, num_devices=3, num_fields=2, num_rows=[900, 400, 650])
-    return directory
 
 
 def _shm() -> set[str]:
@@ -82,13 +74,13 @@ def test_spawn_workers_keep_a_store_each_and_stay_exact(small_dir, small_expecte
         assert np.array_equal(got[np.argsort(got[:, 0])], want[np.argsort(want[:, 0])])
 
 
-def test_fork_workers_of_a_memory_cached_mixture_decode_it_not_the_main_process(panel):
+def test_fork_workers_of_a_memory_cached_mixture_decode_it_not_the_main_process(ragged_panel):
     """A mixture's workers fill their datasets' shared stores before they hand windows over by
     reference (Note: hand-over): the main process only gathers, it decodes nothing."""
 
     def mix(cache):
         parts = [
-            TsFileWindowDataset(panel, 24, 8, stride=4, devices=[d], cache=cache)
+            TsFileWindowDataset(ragged_panel, 24, 8, stride=4, devices=[d], cache=cache)
             for d in ("meters.s0", "meters.s1")
         ]
         return MixedWindows(parts, [1.0, 2.0], num_samples=200, seed=5)
