@@ -195,14 +195,17 @@ def test_make_loader_sets_a_timeout_fitting_the_block_size(corpus):
     assert make_loader(ds).timeout == 0  # no workers, nothing to wait on
 
 
-def test_an_epoch_read_by_workers_is_checked_against_the_column_sums(tmp_path, corpus):
+@pytest.mark.parametrize("workers", [0, 2])
+def test_an_epoch_is_checked_against_the_column_sums(tmp_path, corpus, workers):
+    # 2 workers: each decodes a share, the loader sums the epoch; 0: the reader sums each
+    # series it decoded whole (the loader then adds no epoch sums)
     data = bytearray((corpus / "good.tsfile").read_bytes())
     data[data.index(b"\x41\x04s1") + 500] ^= 0xFF  # plausible values, but a wrong sum
     path = tmp_path / "late.tsfile"
     path.write_bytes(bytes(data))
     # float64 batches: the sum of float32 batches allows their rounding, too coarse for this
     ds = TsFileIterableDataset(path, batch_size=5000, block_rows=5000, dtype="float64")
-    loader = make_loader(ds, num_workers=2)
+    loader = make_loader(ds, num_workers=workers)
     with pytest.raises(TsFileFormatError, match=r"late\.tsfile: series t\.d0\.s1.*metadata says"):
         list(loader)
 
@@ -215,7 +218,15 @@ def test_epochs_that_are_not_one_full_pass_are_not_sum_checked(corpus):
     loader = make_loader(ds, sampler=sampler)
     assert loader._epoch_sums() is None
     assert len(list(loader)) == 6
-    assert make_loader(ds)._epoch_sums() is not None
+    assert make_loader(ds, num_workers=2)._epoch_sums() is not None
+    # streaming in this process: the reader sums every series it decodes instead
+    assert make_loader(ds)._epoch_sums() is None
+    assert (
+        make_loader(
+            TsFileDataset(corpus / "good.tsfile", batch_size=5000, cache="memory")
+        )._epoch_sums()
+        is not None
+    )
     windows = TsFileIterableDataset(corpus / "good.tsfile", batch_size=5000, random_batches=6)
     assert make_loader(windows)._epoch_sums() is None
 

@@ -139,15 +139,19 @@ class GroupDecoder:
             save_index(index)
         return span
 
-    def plan(self, group_index: int, start: int, stop: int, files: OpenFiles | None = None) -> Plan:
+    def plan(
+        self, group_index: int, start: int, stop: int, files: OpenFiles | None = None, span=None
+    ) -> Plan:
         """Return what decoding local rows ``[start, stop)`` needs (opens, indexes: main thread).
 
         ``files``: readers of the same files to decode through instead of the decoder's own
         (read-ahead's pread readers of mapped files, Note: read-ahead); the index is the
-        decoder's either way.
+        decoder's either way. ``span``: :meth:`span` of the rows, found before (the main
+        thread learns indexes; a decode ahead then opens and prepares its pread reader on
+        its own thread).
         """
         group = self.catalog.groups[group_index]
-        span = self.span(group_index, start, stop)
+        span = self.span(group_index, start, stop) if span is None else span
         files = self.files if files is None else files  # (an OpenFiles with none open is falsy)
         via = files.read_backend if files is not self.files else ""
         reader, handles = files.handles(group_index, group)

@@ -210,24 +210,28 @@ class ReadAhead:
         if r.cache.nbytes + pending + nbytes > r.cache.capacity:
             return True
         files = self._files(group.file_index)
-        if files is not r.files:
-            try:
-                files.reader(group.file_index)  # the pread reader: optional, never an error here
-            except (TsFileTorchError, OSError) as err:
-                self.no_side.add(group.file_index)
-                logger.debug("no read-ahead for %s: %s", r.catalog.files[group.file_index], err)
-                return True
-        plan = r.decoder.plan(gi, lo, hi, files)  # opens and indexes: in this thread
+        span = r.decoder.span(gi, lo, hi)  # indexes: in this thread
         if self.pool is None:
             threads = max(1, min(r.decode_threads, (os.cpu_count() or 1) - 1))
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
-        into[key] = (self.pool.submit(self._decode_gated, plan), nbytes)
+        into[key] = (self.pool.submit(self._decode_gated, gi, lo, hi, span, files), nbytes)
         return True
 
-    def _decode_gated(self, plan) -> Block | None:
+    def _decode_gated(self, gi: int, lo: int, hi: int, span, files: OpenFiles) -> Block | None:
+        """Decode rows ``[lo, hi)`` of group ``gi`` through ``files`` in the background; None:
+        nothing to take (the reader is gone, or the file's pread reader would not open: the
+        caller then decodes the block itself)."""
         with self.gate:  # a fork waits for this decode (Note: read-ahead and fork)
             try:
-                return self.reader.decoder.decode(plan)
+                r = self.reader
+                if files is not r.files:  # a pread reader of a mapped file: opened here, once
+                    try:
+                        files.reader(r.catalog.groups[gi].file_index)
+                    except (TsFileTorchError, OSError) as err:
+                        self.no_side.add(r.catalog.groups[gi].file_index)
+                        logger.debug("no read-ahead for group %d: %s", gi, err)
+                        return None
+                return r.decoder.decode(r.decoder.plan(gi, lo, hi, files, span))
             except ReferenceError:  # the reader is gone: nobody will take this block
                 return None
 
@@ -254,7 +258,8 @@ class ReadAhead:
         if pending is None:
             return None
         block = pending[0].result()  # a failed decode raises here, as it would have inline
-        r.cache.put(key, block)
+        if block is not None:
+            r.cache.put(key, block)
         return block
 
     def after_read(self, groups: list[int], start_row: int, stop_row: int) -> None:
@@ -272,7 +277,10 @@ class ReadAhead:
             local = min(stop_row, group.stop_row) - group.start_row
             after = (local - 1) // r.block_rows + 1
             if local > 0 and not self.decode_ahead(gi, after) and self.next_pass:
-                self.decode_ahead(gi, self.first[gi], for_next=True)
+                # only once this pass's last block is decoded: before, it would take a core
+                # from the blocks this pass waits for
+                if (gi, after - 1) in r.cache:
+                    self.decode_ahead(gi, self.first[gi], for_next=True)
 
     def new_pass(self, keep_next: bool = False) -> None:
         """Wait for the decodes ahead and drop their blocks (a new pass, a new range, close);
@@ -290,9 +298,11 @@ class ReadAhead:
         for future, _ in ahead.values():
             if not future.cancel():
                 try:
-                    r.cache.recycle(future.result())
+                    block = future.result()
                 except (TsFileTorchError, OSError):  # never asked for: a read would raise it
-                    pass
+                    continue
+                if block is not None:
+                    r.cache.recycle(block)
         if self.begun:
             self.small_first = False  # a pass has read: later passes decode whole blocks
         self.begun.clear()
