@@ -10,6 +10,10 @@ later epoch per configuration and 2 workers / 0 workers. Every batch is summed, 
 are touched as a training step would.
 
     python benchmarks/orders_workers.py [--rounds 3] [--epochs 5] [--out results.jsonl]
+                                        [--torch-threads 1]
+
+``--torch-threads 1`` gives the consumer one intra-op thread, as ``docs/performance.md``
+advises beside DataLoader workers on a small machine.
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ from tsfile_torch.bench.reference import reference_data
 CHILD = r"""
 import json, sys, time, statistics
 from tsfile_torch import TsFileIterableDataset, make_loader
-data, cache, order, workers, epochs, cache_dir = sys.argv[1:7]
+data, cache, order, workers, epochs, cache_dir, threads = sys.argv[1:8]
+if int(threads):
+    import torch
+    torch.set_num_threads(int(threads))  # the consumer's (main process's) intra-op threads
 extra = {"random_batches": 32} if order == "random" else {}
 ds = TsFileIterableDataset(data, batch_size=8192, order=order, cache=cache, seed=0,
                            cache_dir=cache_dir, **extra)
@@ -51,6 +58,14 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=5)
     parser.add_argument("--out", default=None, help="also write the records here (JSON lines)")
+    parser.add_argument(
+        "--torch-threads",
+        type=int,
+        default=0,
+        help="torch.set_num_threads in the main process (the consumer's sums), 0: torch's "
+        "default (one per core; their OpenMP threads spin after each op, taking the cores "
+        "the workers decode on)",
+    )
     args = parser.parse_args()
     args.data = args.data or reference_data()  # written on first use
     configs = [
@@ -66,6 +81,7 @@ def main() -> int:
         ]
         for cache, order, workers in tqdm(runs, desc="orders x workers"):
             argv = [args.data, cache, order, str(workers), str(args.epochs), cache_dir]
+            argv.append(str(args.torch_threads))
             done = subprocess.run(
                 [sys.executable, "-c", CHILD, *argv], check=True, capture_output=True, text=True
             )

@@ -165,3 +165,9 @@ def test_same_metadata_but_different_timestamps_fail_at_read_time(tmp_path):
         r"\(time 2 vs 1\)",
     ):
         ds[0]
+    # a gather of rows in any order (shuffled batches) names the first row that differs
+    from tsfile_torch.read.core import ReadingCore
+
+    core = ReadingCore.for_rows(tmp_path)
+    with pytest.raises(SchemaError, match=r"do not share timestamps .* at row 7 \(time 14 vs 7\)"):
+        core.take(0, np.array([999, 0, 500, 7]))  # row 0 agrees (time 0), row 7 does not

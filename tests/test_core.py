@@ -39,6 +39,35 @@ def test_a_script_reads_rows_through_the_core_without_a_dataset(small_dir, small
     assert core.backends and set(core.backends.values()) == {"mmap"}
 
 
+@pytest.mark.parametrize("decode_threads", [1, 2])
+def test_a_gather_of_scattered_columns_across_blocks_and_a_time_range_is_exact(
+    small_dir, small_expected, decode_threads
+):
+    # columns out of catalog order (a device's fields apart: no slice per group), several
+    # blocks per group, rows in any order with repeats, and a time range that clips blocks
+    names = ["t.d1.s2", "t.d0.s0", "t.d1.s0", "t.d0.s2", "t.d1.s1"]
+    every = [f"t.d{d}.s{f}" for d in range(2) for f in range(3)]
+    core = ReadingCore.for_rows(
+        small_dir,
+        columns=names,
+        block_rows=700,
+        start_time=350,
+        end_time=4649,
+        decode_threads=decode_threads,
+    )
+    assert core.catalog.column_names == names
+    want = small_expected[350:4650][:, [every.index(n) for n in names]].astype(np.float32)
+    rng = np.random.default_rng(7)
+    for rows in (
+        rng.integers(0, 4300, 3000),
+        np.array([4299, 0, 0, 699, 700, 2]),
+        rng.permutation(4300),
+    ):
+        values, times = core.take(0, rows)
+        np.testing.assert_array_equal(values, want[rows])
+        np.testing.assert_array_equal(times, rows + 350)
+
+
 def test_a_pickled_core_reads_the_same_rows_in_a_new_interpreter(small_dir, run_python, tmp_path):
     core = ReadingCore.for_rows(small_dir, columns=["t.d0.s2"])
     values, _ = core.rows(0, 10, 20)  # opens a reader here: it must not travel

@@ -148,19 +148,29 @@ class ReadAhead:
         again) or when they span more files than may be open at once.
         """
         r = self.reader
-        missing, nbytes, files = [], 0, set()
+        needs = []
         for gi in groups:
             group = r.catalog.groups[gi]
             local_lo, local_hi = local_rows(group, start_row, stop_row)
-            for b, need_lo, need_hi, lo, hi in r._block_needs(group, local_lo, local_hi):
-                key = (gi, b)
-                queued = key in self.pending and not self.pending[key][0].running()
-                if key not in r.cache and (queued or not self.holds(key)):
-                    if need_lo < lo or need_hi > hi:
-                        return  # rows outside set_range: let the serial path handle them
-                    missing.append(((gi, b), gi, lo, hi))
-                    nbytes += (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
-                    files.add(group.file_index)
+            needs.extend((gi, *need) for need in r._block_needs(group, local_lo, local_hi))
+        self.prefetch_blocks(needs)
+
+    def prefetch_blocks(self, needs) -> None:
+        """:meth:`prefetch` of ``(group, block, need_lo, need_hi, lo, hi)`` tuples (what
+        :meth:`BatchReader._block_needs` yields, with the group first): the blocks a gather
+        touches, wherever they are."""
+        r = self.reader
+        missing, nbytes, files = [], 0, set()
+        for gi, b, need_lo, need_hi, lo, hi in needs:
+            group = r.catalog.groups[gi]
+            key = (gi, b)
+            queued = key in self.pending and not self.pending[key][0].running()
+            if key not in r.cache and (queued or not self.holds(key)):
+                if need_lo < lo or need_hi > hi:
+                    return  # rows outside set_range: let the serial path handle them
+                missing.append(((gi, b), gi, lo, hi))
+                nbytes += (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
+                files.add(group.file_index)
         too_many_files = len(files) > r.files.max_open_files
         if len(missing) < 2 or nbytes > r.cache.capacity or too_many_files:
             return

@@ -452,42 +452,51 @@ class BatchReader:
             raise ValueError(f"rows outside the dataset's {view.num_rows} rows")
         order = np.argsort(rows, kind="stable")
         ordered = rows[order]
-        out = np.empty((len(rows), len(view.columns)), dtype=self.dtype)
-        times = np.empty(len(rows), dtype=np.int64)
+        # gathered in sorted row order (each block read front to back), column by column;
+        # put in the order of ``rows`` by one row scatter at the end
+        values = np.empty((len(view.columns), len(rows)), dtype=self.dtype)
+        stamps = np.empty(len(rows), dtype=np.int64)
         groups = sorted(view.groups, key=lambda gi: gi not in view.ref_groups)  # timestamps first
-        for gi in groups:
+        runs = _runs(view, groups, ordered, self.block_rows)
+        if self.decode_threads > 1 and self.cache.capacity:  # the blocks touched, in parallel
+            needs = []
+            for gi, (_, _, parts) in runs.items():
+                for b, _, _ in parts:
+                    need = self._block_rows_of(view.groups[gi], b)
+                    needs.append((gi, b, *need, *need))
+            self.ahead.prefetch_blocks(needs)
+        for gi, (lo, local, parts) in runs.items():
             group = view.groups[gi]
-            lo, hi = np.searchsorted(ordered, [group.start_row, group.stop_row])
-            if lo == hi:
-                continue
-            local = ordered[lo:hi] - group.start_row
-            target = np.atleast_1d(np.arange(len(view.columns))[view.targets[gi]])
-            cuts = np.flatnonzero(np.diff(local // self.block_rows)) + 1
-            for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(local)], strict=True):
+            target = view.targets[gi]
+            for _, a, b in parts:
                 first, last = int(local[a]), int(local[b - 1]) + 1
-                for o, ba, bb, block, _ in self._pieces(
+                for o, ba, _, block, number in self._pieces(
                     gi, group.start_row + first, group.start_row + last, False
                 ):
-                    pick = local[a:b] - first - o  # rows of this piece, relative to it
-                    inside = (pick >= 0) & (pick < bb - ba)
-                    where = order[lo + a : lo + b][inside]
-                    pick = pick[inside] + ba
+                    # a run lies in one block: its one piece holds all of its rows
+                    pick = local[a:b] - first - o + ba
+                    at = slice(lo + a, lo + b)
                     if gi in view.ref_groups:
-                        times[where] = block.times[pick]
-                    else:
-                        self._check_times(
-                            view, gi, times[where], block.times[pick], int(rows[where[0]])
-                        )
-                    out[np.ix_(where, target)] = block.values[:, pick].T
+                        stamps[at] = block.times[pick]
+                    elif not block.verified:
+                        got = block.times[pick]
+                        self._check_times(view, gi, stamps[at], got, ordered[at])
+                        self._verify_block(view, gi, block, number)
+                    _gather(values, target, at, block.values, pick)
+        out = np.empty((len(rows), len(view.columns)), dtype=self.dtype)
+        times = np.empty(len(rows), dtype=np.int64)
+        out[order] = values.T
+        times[order] = stamps
         return out, times
 
-    def _check_times(self, view, gi: int, ref: np.ndarray, got: np.ndarray, row: int) -> None:
+    def _check_times(self, view, gi: int, ref: np.ndarray, got: np.ndarray, row) -> None:
+        """Raise SchemaError where ``got`` differs from the timestamps ``ref``; ``row``: the
+        dataset row of the first (consecutive rows) or of each (an array) compared."""
         if not np.array_equal(ref, got):
             bad = int(np.flatnonzero(ref != got)[0])
             group = self.catalog.groups[gi]
-            message = misaligned(
-                self.catalog, group, view.columns[0], row + bad, ref[bad], got[bad]
-            )
+            at = row + bad if isinstance(row, int) else int(row[bad])
+            message = misaligned(self.catalog, group, view.columns[0], at, ref[bad], got[bad])
             raise SchemaError(message)
 
     def _verify_block(self, view: RowView, gi: int, block: Block, number: int | None) -> None:
@@ -498,6 +507,37 @@ class BatchReader:
         ref = self.cache.peek((twin, number))
         if ref is not None and np.array_equal(ref.times, block.times):
             block.verified = True
+
+
+def _runs(view: RowView, groups, ordered: np.ndarray, block_rows: int) -> dict:
+    """Where sorted dataset rows ``ordered`` fall: group -> ``(lo, local, runs)``, with
+    ``ordered[lo:lo + len(local)]`` the group's rows, ``local`` them group-local, and ``runs``
+    ``(block, a, b)``: ``local[a:b]`` lie in block ``block``."""
+    out = {}
+    for gi in groups:
+        group = view.groups[gi]
+        lo, hi = np.searchsorted(ordered, [group.start_row, group.stop_row])
+        if lo < hi:
+            local = ordered[lo:hi] - group.start_row
+            blocks = local // block_rows
+            cuts = np.flatnonzero(np.diff(blocks)) + 1
+            starts, stops = np.r_[0, cuts], np.r_[cuts, len(local)]
+            out[gi] = (
+                int(lo),
+                local,
+                list(zip(blocks[starts].tolist(), starts, stops, strict=True)),
+            )
+    return out
+
+
+def _gather(values: np.ndarray, target, at: slice, block: np.ndarray, pick: np.ndarray) -> None:
+    """``values[target, at] = block[:, pick]`` for ``(columns, rows)`` arrays, without a
+    temporary where the columns are a slice (one contiguous take per column)."""
+    if isinstance(target, slice):
+        for k, column in enumerate(block):
+            np.take(column, pick, out=values[target.start + k, at])
+    else:
+        values[target, at] = block[:, pick]
 
 
 def _target(columns: tuple[int, ...]) -> slice | list[int]:
