@@ -412,3 +412,48 @@ def test_an_object_without_a_version_keeps_nothing_under_its_identity():
     versioned = remote.RemoteFile("s3://b/k.tsfile", 100, '"etag"')
     assert versioned.index_key() == repr(("s3://b/k.tsfile", '"etag"', 100))
     assert remote.RemoteFile("s3://b/k.tsfile", 100, "").index_key() is None
+
+
+def test_each_build_of_an_unversioned_object_reads_its_own_copy(small_dir, tmp_path, monkeypatch):
+    """A store that gives no version: a rewrite of the same size would look unchanged, so no
+    build reads through the local copy of an earlier one (Note: remote sources)."""
+    import fsspec
+    from fsspec.implementations.memory import MemoryFileSystem
+
+    class Unversioned(MemoryFileSystem):
+        protocol = "unversioned"
+        store: dict = {}  # noqa: RUF012 - fsspec's own layout: one store per class
+        pseudo_dirs = [""]  # noqa: RUF012
+
+        @classmethod
+        def _strip_protocol(cls, path):
+            return super()._strip_protocol(path.replace("unversioned://", "memory://", 1))
+
+        def info(self, path, **kwargs):
+            return {k: v for k, v in super().info(path, **kwargs).items() if k != "created"}
+
+        def ls(self, path, detail=True, **kwargs):
+            out = super().ls(path, detail=detail, **kwargs)
+            return [{k: v for k, v in e.items() if k != "created"} for e in out] if detail else out
+
+    fsspec.register_implementation("unversioned", Unversioned, clobber=True)
+    path = sorted(small_dir.glob("*.tsfile"))[0]
+    Unversioned().pipe("/data/part.tsfile", path.read_bytes())
+    downloads = []
+    real = remote._download
+    monkeypatch.setattr(remote, "_download", lambda r, t: (downloads.append(t), real(r, t)))
+    want = TsFileDataset(path, batch_size=5000)[0].numpy()
+
+    def build():
+        return TsFileDataset(
+            "unversioned://data/", batch_size=5000, cache_dir=tmp_path, validate=False
+        )
+
+    first, second = build(), build()
+    assert first.catalog.files[0].source.version == ""
+    np.testing.assert_array_equal(first[0].numpy(), want)
+    np.testing.assert_array_equal(second[0].numpy(), want)
+    assert len(downloads) == 2 and downloads[0] != downloads[1]  # a copy per build
+    np.testing.assert_array_equal(first[0].numpy(), want)  # a reader keeps what it opened
+    versioned = remote.RemoteFile("s3://b/k.tsfile", 100, '"etag"')
+    assert versioned.cache_path == remote.RemoteFile("s3://b/k.tsfile", 100, '"etag"').cache_path

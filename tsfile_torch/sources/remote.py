@@ -20,7 +20,10 @@ This is what LitData and MosaicML Streaming do for their shards (download to a l
 then memory-map; a bounded cache evicts the least recently used). We follow them and differ in:
 
 - the cache key is the URL *and* the object's version and size, so a changed object gets a new
-  local copy (their shard names are immutable by construction; TsFiles are not);
+  local copy (their shard names are immutable by construction; TsFiles are not); an object its
+  store gives no version of (no ETag, generation or mtime) is keyed by the dataset build as
+  well (a random token made when it is listed, carried to workers with the dataset), so a
+  same-size rewrite is never read through an earlier build's copy: each build downloads it;
 - one download per file across processes through an ``fcntl`` lock on ``<copy>.lock`` (released
   by the kernel if a process dies: no stale lock files to clean up, unlike LitData's
   ``FileLock(..., timeout=0)``), written to ``<copy>.part.<pid>`` and published with an atomic
@@ -57,6 +60,7 @@ import hashlib
 import logging
 import os
 import re
+import secrets
 import shutil
 import tempfile
 from collections.abc import Iterator, Mapping
@@ -164,6 +168,9 @@ class RemoteFile(Source):
     listed: tuple[str, ManifestEntry] | None = field(default=None, repr=False, compare=False)
     #: MD5 (hex) of the bytes, where the store's checksum is one (S3 single-part ETag)
     md5: str | None = field(default=None, repr=False, compare=False)
+    #: for an object without a version: a token of the dataset build that listed it, part of
+    #: its local copy's key (Note: remote sources)
+    build: str = field(default="", repr=False, compare=False)
 
     @property
     def name(self) -> str:
@@ -212,9 +219,11 @@ class RemoteFile(Source):
 
     @property
     def cache_path(self) -> str:
-        """Local copy: ``<cache_dir>/<hash of URL>-<hash of version and size>-<basename>``."""
+        """Local copy: ``<cache_dir>/<hash of URL>-<hash of version and size>-<basename>``
+        (and of the build token for an object without a version)."""
         url_key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        ver_key = hashlib.sha256(f"{self.version}\0{self.nbytes}".encode()).hexdigest()[:12]
+        ver = f"{self.version}\0{self.nbytes}" + (f"\0{self.build}" if not self.version else "")
+        ver_key = hashlib.sha256(ver.encode()).hexdigest()[:12]
         base = os.path.basename(self.url.rstrip("/")) or "object"
         return os.path.join(self.options.directory, f"{url_key}-{ver_key}-{base}")
 
@@ -312,12 +321,14 @@ def _md5_of(protocol: str, info: Mapping[str, Any]) -> str | None:
 
 
 def _entry(protocol: str, info: Mapping[str, Any], options: RemoteOptions) -> RemoteFile:
+    version = _version(info)
     return RemoteFile(
         _full_url(protocol, info["name"]),
         int(info.get("size") or 0),
-        _version(info),
+        version,
         options,
         md5=_md5_of(protocol, info),
+        build="" if version else secrets.token_hex(8),
     )
 
 
