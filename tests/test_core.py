@@ -107,6 +107,23 @@ def test_the_finalized_blocks_of_a_window_view_live_in_its_core(ragged_panel):
     assert ds.core.cached_bytes == 0
 
 
+def test_a_gather_is_handed_over_only_once_the_tables_it_needs_are_kept(ragged_panel, tmp_path):
+    # asked before the rows are there, kept(None) says no: a worker that asked first would
+    # hand over a batch the main process then decodes itself
+    ds = TsFileWindowDataset(ragged_panel, 24, 8, cache="disk", cache_dir=tmp_path)
+    core = ds.core
+    core.hand_over = True  # as in a make_loader worker with make_loader's collate function
+    assert not core.kept(None) and not core.kept(None, tables=[1])
+    core.fill(1)
+    assert core.kept(None, tables=[1]) and not core.kept(None, tables=[0, 1])
+    assert not core.kept(None)  # every table: devices 0 and 2 are not kept yet
+    core.fill(0)
+    core.fill(2)
+    assert core.kept(None)
+    core.hand_over = False
+    assert not core.kept(None)
+
+
 def test_a_dropped_dataset_closes_its_files_at_once(small_dir, ragged_panel):
     """Views, passes and cores make no reference cycle: no garbage collection needed to unmap."""
     gc.disable()

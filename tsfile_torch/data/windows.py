@@ -427,10 +427,11 @@ def _gather(ds, indices: Sequence[int], hand_over: bool = False):
     steps = np.arange(length)
     store = core.whole_store() if len(k) else None
     if store is not None:  # every device kept whole, in one array: one gather
+        devices = np.unique(k)
         if not store.known_whole():
-            for dk in np.unique(k):
+            for dk in devices:
                 core.fill(int(dk))
-        if hand_over and core.kept(None):  # before allocating what the main process fills
+        if hand_over and core.kept(None, tables=devices):  # before allocating the batch
             return KeptBatch((list(indices),))
     arrays = batch_arrays(ds.items.specs(len(k)))
     values, times = arrays["values"], arrays.get("times")

@@ -443,13 +443,17 @@ class ReadingCore:
         if not self.store().has_whole(table):
             _keep_blocks(self, table, np.arange(0, self.tables[table].num_rows, self.block_rows))
 
-    def kept(self, table: int, start: int = 0, stop: int = 0, rows=None) -> bool:
+    def kept(self, table: int | None, start: int = 0, stop: int = 0, rows=None, tables=()) -> bool:
         """Whether a make_loader worker hands rows ``[start, stop)`` (or the rows ``rows``) of
-        ``table`` over by reference (Note: hand-over); ``table=None``: any gather (every table
-        is kept whole)."""
+        ``table`` over by reference (Note: hand-over); ``table=None``: a gather from the whole
+        tables ``tables`` (empty: all), each kept whole in a store the main process maps (no
+        before the rows are there: never a batch the main process would have to decode)."""
         store = self.store() if self.hand_over and shares_store(self) else None
         if store is None or table is None:
-            return store is not None and store is self.whole_store()
+            if store is None or store is not self.whole_store():
+                return False
+            wanted = range(len(self.tables)) if not len(tables) else tables
+            return all(store.has_whole(int(t)) for t in wanted)
         if rows is not None:
             return store.has_rows(rows + store.offsets[table])
         return store.has(table, start, stop)
