@@ -171,3 +171,5 @@ def test_same_metadata_but_different_timestamps_fail_at_read_time(tmp_path):
     core = ReadingCore.for_rows(tmp_path)
     with pytest.raises(SchemaError, match=r"do not share timestamps .* at row 7 \(time 14 vs 7\)"):
         core.take(0, np.array([999, 0, 500, 7]))  # row 0 agrees (time 0), row 7 does not
+    with pytest.raises(SchemaError, match=r"at row 1 \(time 2 vs 1\)"):
+        core.rows(0, np.int64(0), np.int64(100))  # numpy row numbers name the row too

@@ -66,6 +66,11 @@ def test_a_gather_of_scattered_columns_across_blocks_and_a_time_range_is_exact(
         values, times = core.take(0, rows)
         np.testing.assert_array_equal(values, want[rows])
         np.testing.assert_array_equal(times, rows + 350)
+    core.set_range(1000, 3000)  # a worker's share: rows outside it are read exactly
+    rows = np.array([100, 1500, 2900, 4000, 4299, 1500])
+    values, times = core.take(0, rows)
+    np.testing.assert_array_equal(values, want[rows])
+    np.testing.assert_array_equal(times, rows + 350)
 
 
 def test_a_pickled_core_reads_the_same_rows_in_a_new_interpreter(small_dir, run_python, tmp_path):

@@ -454,6 +454,9 @@ def test_each_build_of_an_unversioned_object_reads_its_own_copy(small_dir, tmp_p
     np.testing.assert_array_equal(first[0].numpy(), want)
     np.testing.assert_array_equal(second[0].numpy(), want)
     assert len(downloads) == 2 and downloads[0] != downloads[1]  # a copy per build
-    np.testing.assert_array_equal(first[0].numpy(), want)  # a reader keeps what it opened
+    first.close()  # its readers reopen: its copy is still there (builds leave each other's)
+    np.testing.assert_array_equal(first[0].numpy(), want)
+    assert len(downloads) == 2
+    assert len(list(tmp_path.glob("*.lock"))) - len(list(tmp_path.glob(".*.lock"))) == 1
     versioned = remote.RemoteFile("s3://b/k.tsfile", 100, '"etag"')
     assert versioned.cache_path == remote.RemoteFile("s3://b/k.tsfile", 100, '"etag"').cache_path

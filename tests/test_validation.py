@@ -195,10 +195,13 @@ def test_make_loader_sets_a_timeout_fitting_the_block_size(corpus):
     assert make_loader(ds).timeout == 0  # no workers, nothing to wait on
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_an_epoch_is_checked_against_the_column_sums(tmp_path, corpus, workers):
+@pytest.mark.parametrize("workers, cells", [(0, True), (0, False), (2, True)])
+def test_an_epoch_is_checked_against_the_column_sums(tmp_path, corpus, workers, cells, monkeypatch):
     # 2 workers: each decodes a share, the loader sums the epoch; 0: the reader sums each
-    # series it decoded whole (the loader then adds no epoch sums)
+    # series it decoded whole, and where it cannot (cell sums off: a grid too large for
+    # memory) the loader sums the epoch
+    if not cells:
+        monkeypatch.setattr("tsfile_torch.integrity.checks.MAX_SHARED_CELLS", 1)
     data = bytearray((corpus / "good.tsfile").read_bytes())
     data[data.index(b"\x41\x04s1") + 500] ^= 0xFF  # plausible values, but a wrong sum
     path = tmp_path / "late.tsfile"
@@ -219,8 +222,11 @@ def test_epochs_that_are_not_one_full_pass_are_not_sum_checked(corpus):
     assert loader._epoch_sums() is None
     assert len(list(loader)) == 6
     assert make_loader(ds, num_workers=2)._epoch_sums() is not None
-    # streaming in this process: the reader sums every series it decodes instead
-    assert make_loader(ds)._epoch_sums() is None
+    # streaming in this process: summed until the reader has checked every series itself
+    fresh = make_loader(TsFileDataset(corpus / "good.tsfile", batch_size=5000))
+    assert fresh._epoch_sums() is not None
+    assert len(list(fresh)) == 6
+    assert fresh._epoch_sums() is None
     assert (
         make_loader(
             TsFileDataset(corpus / "good.tsfile", batch_size=5000, cache="memory")

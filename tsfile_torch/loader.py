@@ -17,8 +17,9 @@
   dataset on one rank, no random windows, no alignment or normalization) is checked at its end:
   each column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`),
   when other processes decoded its rows (workers) or a cache holds them (the first full pass
-  only). Streaming with ``num_workers=0`` needs no epoch sums: the process's reader decodes
-  every row and sums each series itself (:class:`~tsfile_torch.integrity.checks.StatisticsCheck`).
+  only). Streaming with ``num_workers=0`` stops summing epochs once the process's reader has
+  summed and checked every series itself (:class:`~tsfile_torch.integrity.checks.CellSums`,
+  complete after the first full pass when decodes fall on whole cells).
 - With ``cache="disk"``, and ``cache="memory"`` under fork workers (one shared store), workers
   hand batches already kept over by reference and the iterator serves them from the main
   process's mapping (Note: hand-over in
@@ -55,7 +56,7 @@ from tsfile_torch.integrity.reports import explain_worker_failure
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.options import check_bool, check_int
 from tsfile_torch.process import LoaderScope, start_worker
-from tsfile_torch.read.core import kept_whole, share_store, shares_store
+from tsfile_torch.read.core import kept_whole, share_store, shares_store, sums_verified
 from tsfile_torch.sampling.state import NUM_WORKERS, WORKER, PassPoint, check_state, pass_state
 
 __all__ = ["default_timeout", "make_loader", "saved_num_workers", "worker_context"]
@@ -307,9 +308,9 @@ class _Guarded:
         ds, spec = self.dataset, self._spec
         if self._sums_checked or spec.epoch_sums is None or not spec.epoch_sums():
             return None
-        if self.num_workers == 0 and ds.options.cache == "none":
+        if self.num_workers == 0 and ds.options.cache == "none" and sums_verified(ds.core):
             # every row of the pass is decoded here, and the reader's own statistics check
-            # sums each series once it has decoded all of it (10% of an epoch saved)
+            # summed each series once it had decoded all of it (10% of a later epoch saved)
             return None
         if not spec.iterable and not isinstance(self.sampler, EpochSampler):
             sampler = self.sampler  # only samplers known to visit every batch once

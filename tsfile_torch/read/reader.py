@@ -460,10 +460,10 @@ class BatchReader:
         runs = _runs(view, groups, ordered, self.block_rows)
         if self.decode_threads > 1 and self.cache.capacity:  # the blocks touched, in parallel
             needs = []
-            for gi, (_, _, parts) in runs.items():
-                for b, _, _ in parts:
-                    need = self._block_rows_of(view.groups[gi], b)
-                    needs.append((gi, b, *need, *need))
+            for gi, (_, local, parts) in runs.items():
+                for b, a, z in parts:  # the rows a run needs: outside set_range, no prefetch
+                    need = (int(local[a]), int(local[z - 1]) + 1)
+                    needs.append((gi, b, *need, *self._block_rows_of(view.groups[gi], b)))
             self.ahead.prefetch_blocks(needs)
         for gi, (lo, local, parts) in runs.items():
             group = view.groups[gi]
@@ -495,7 +495,7 @@ class BatchReader:
         if not np.array_equal(ref, got):
             bad = int(np.flatnonzero(ref != got)[0])
             group = self.catalog.groups[gi]
-            at = row + bad if isinstance(row, int) else int(row[bad])
+            at = int(row) + bad if np.ndim(row) == 0 else int(row[bad])
             message = misaligned(self.catalog, group, view.columns[0], at, ref[bad], got[bad])
             raise SchemaError(message)
 

@@ -218,6 +218,15 @@ class RemoteFile(Source):
             yield dataclasses.replace(copy, shown=self.url)
 
     @property
+    def lock_path(self) -> str:
+        """The lock its download holds: one per copy, and one per URL for the copies of an
+        object without a version (one per build would leave a lock file per build)."""
+        if self.version:
+            return self.cache_path + ".lock"
+        url_key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
+        return os.path.join(self.options.directory, f"{url_key}-unversioned.lock")
+
+    @property
     def cache_path(self) -> str:
         """Local copy: ``<cache_dir>/<hash of URL>-<hash of version and size>-<basename>``
         (and of the build token for an object without a version)."""
@@ -502,6 +511,8 @@ def _make_room(remote: RemoteFile) -> None:
 
 
 def _drop_old_versions(remote: RemoteFile) -> None:
+    if not remote.version:
+        return  # other builds' copies may still be in use: the cache limit evicts them
     prefix = os.path.basename(remote.cache_path).split("-", 1)[0] + "-"
     keep = os.path.basename(remote.cache_path)
     for name in os.listdir(remote.options.directory):
@@ -625,7 +636,7 @@ def fetch(remote: RemoteFile) -> str:
             f"cache_dir"
         ) from err
     try:
-        with file_lock(target + ".lock"):
+        with file_lock(remote.lock_path):
             if os.path.exists(target):  # another process fetched it while we waited
                 return target
             with file_lock(os.path.join(directory, ".cache.lock")):
