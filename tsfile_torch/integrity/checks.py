@@ -95,7 +95,9 @@ class CellSums:
             self.cell_start[gi], self.sum_start[gi] = n_cells, n_sums
             n_cells += cells[gi]
             n_sums += cells[gi] * widths[gi]
-        if n_sums > MAX_SHARED_CELLS:  # too fine a grid for memory: no sum checks
+        #: False: too fine a grid for memory, no sum checks
+        self.on = n_sums <= MAX_SHARED_CELLS
+        if not self.on:
             logger.debug("sum checks off: %d cells x columns over %d", n_sums, MAX_SHARED_CELLS)
             self.groups, self.cell_start, self.sum_start = [], {}, {}
             n_cells = n_sums = 0
@@ -115,6 +117,12 @@ class CellSums:
         if self.shared and context.get_spawning_popen() is None:
             raise TypeError("CellSums are shared with workers only while they are started")
         return self.__dict__
+
+    def all_checked(self) -> bool:
+        """Whether every group with metadata sums was summed whole and matched already, in
+        some process of the loader (False while the sums are off)."""
+        checked = self.arrays()[2]
+        return self.on and all(checked[gi] for gi in self.groups)
 
     def arrays(self):
         """Return numpy views of (done flags, sums, checked flags)."""

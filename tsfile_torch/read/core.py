@@ -539,16 +539,7 @@ def sums_verified(core: ReadingCore) -> bool:
     """Whether the cell sums (Note: cell sums) of every read group that has metadata sums
     were complete and checked already: decoded whole and matched, in some process of the
     loader. False where the sums are off (no statistics checks, a grid too fine for memory)."""
-    cells = core._cells
-    if cells is None:
-        return False
-    summed = [
-        gi for gi, g in enumerate(core.catalog.groups) if any(s.sum is not None for s in g.shards)
-    ]
-    if cells.groups != summed:
-        return False
-    checked = cells.arrays()[2]
-    return all(checked[gi] for gi in summed)
+    return core._cells is not None and core._cells.all_checked()
 
 
 def kept_whole(core: ReadingCore) -> bool:

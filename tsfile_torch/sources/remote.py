@@ -223,18 +223,20 @@ class RemoteFile(Source):
         object without a version (one per build would leave a lock file per build)."""
         if self.version:
             return self.cache_path + ".lock"
-        url_key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
-        return os.path.join(self.options.directory, f"{url_key}-unversioned.lock")
+        return os.path.join(self.options.directory, f"{self._url_key}-unversioned.lock")
+
+    @property
+    def _url_key(self) -> str:
+        return hashlib.sha256(self.url.encode()).hexdigest()[:16]
 
     @property
     def cache_path(self) -> str:
         """Local copy: ``<cache_dir>/<hash of URL>-<hash of version and size>-<basename>``
         (and of the build token for an object without a version)."""
-        url_key = hashlib.sha256(self.url.encode()).hexdigest()[:16]
         ver = f"{self.version}\0{self.nbytes}" + (f"\0{self.build}" if not self.version else "")
         ver_key = hashlib.sha256(ver.encode()).hexdigest()[:12]
         base = os.path.basename(self.url.rstrip("/")) or "object"
-        return os.path.join(self.options.directory, f"{url_key}-{ver_key}-{base}")
+        return os.path.join(self.options.directory, f"{self._url_key}-{ver_key}-{base}")
 
 
 # -- fsspec access ----------------------------------------------------------------------------
