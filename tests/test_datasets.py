@@ -153,6 +153,49 @@ def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
     assert [int(rows_of(again[i])[0]) for i in range(6)] != starts
 
 
+class _CountingDecodes(TsFileIterableDataset):
+    """Writes, at the end of each worker's pass, the rows its reader decoded in that pass."""
+
+    def _generate(self, cursor, num_workers):
+        decoded = self.reader.decoded_rows
+        yield from super()._generate(cursor, num_workers)
+        info = torch.utils.data.get_worker_info()
+        worker = info.id if info is not None else "main"
+        path = self.report_dir / f"epoch{cursor.epoch}-worker{worker}.txt"
+        path.write_text(str(self.reader.decoded_rows - decoded))
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_random_windows_through_workers_are_exact_and_each_worker_decodes_its_stretch(
+    tmp_path, small_dir, small_expected, rows_of, workers
+):
+    # random batches are dealt to the workers sorted by row, so each worker's blocks are
+    # clipped to its stretch: the workers together decode about one pass, not one each
+    ds = _CountingDecodes(small_dir, batch_size=800, random_batches=6, seed=3)
+    ds.report_dir = tmp_path
+    loader = make_loader(ds, num_workers=workers, persistent_workers=workers > 0)
+    starts = {}
+    for epoch in range(2):
+        starts[epoch] = []
+        for batch in loader:
+            rows = rows_of(batch)
+            np.testing.assert_array_equal(
+                batch.numpy(), small_expected[rows[0] : rows[0] + 800].astype(np.float32)
+            )
+            starts[epoch].append(int(rows[0]))
+    plain = TsFileDataset(small_dir, batch_size=800, random_batches=6, seed=3)
+    for epoch in range(2):
+        plain.set_epoch(epoch)
+        assert sorted(starts[epoch]) == sorted(int(rows_of(plain[i])[0]) for i in range(6))
+    if workers:
+        groups = 6  # 3 files x 2 devices, 5,000 rows each
+        for epoch in range(2):
+            per_worker = [int(p.read_text()) for p in tmp_path.glob(f"epoch{epoch}-*.txt")]
+            assert len(per_worker) == 2
+            # two sorted halves overlap by at most one batch: at most 5,800 rows of each group
+            assert 0 < sum(per_worker) <= (5000 + 800) * groups, per_worker
+
+
 def test_nulls_read_as_nan(tmp_path, read_backend):
     spec = synthetic.DatasetSpec(
         num_files=1, devices_per_file=1, fields_per_device=2, num_rows=3000

@@ -303,10 +303,19 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
     def _generate(self, cursor, num_workers: int) -> Iterator:
         order = self.spec.order  # the pass's (set_random_batches acts on later passes)
         reader = self._start(cursor.epoch, order)
-        if num_workers > 1 and order in ("sequential", "batches") and len(cursor):
-            # decode only this worker's rows: blocks are clipped to its stretch
+        streaming = self.options.cache == "none"
+        if (
+            num_workers > 1
+            and len(cursor)
+            and (order in ("sequential", "batches") or (order == "random" and streaming))
+        ):
+            # decode only this worker's rows: blocks are clipped to its stretch (random
+            # batches: its share of them sorted by row, new each epoch; streaming keeps no
+            # blocks across epochs, so a new stretch costs nothing)
             spans = [self._row_span(b, order) for b in cursor.batches]
             reader.set_range(min(s for s, _ in spans), max(e for _, e in spans))
+        else:  # every row (a clip of an earlier pass would read this one without blocks)
+            reader.set_range(0, reader.catalog.num_rows)
         for items in cursor:
             yield self._read_items(items, order)
 
