@@ -35,7 +35,7 @@ from tsfile_torch.data.view import (
     warn_if_batch_exceeds_cache,
 )
 from tsfile_torch.options import ReadOptions, check_int
-from tsfile_torch.read.core import ReadingCore
+from tsfile_torch.read.core import ReadingCore, cell_grid
 from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
 from tsfile_torch.sampling.passes import Passes
@@ -313,7 +313,11 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
             # batches: its share of them sorted by row, new each epoch; streaming keeps no
             # blocks across epochs, so a new stretch costs nothing)
             spans = [self._row_span(b, order) for b in cursor.batches]
-            reader.set_range(min(s for s, _ in spans), max(e for _, e in spans))
+            lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
+            if order == "random":  # widened to whole cells: each is summed whole somewhere
+                grid = cell_grid(self.core)
+                lo, hi = lo // grid * grid, min(-(-hi // grid) * grid, reader.catalog.num_rows)
+            reader.set_range(lo, hi)
         else:  # every row (a clip of an earlier pass would read this one without blocks)
             reader.set_range(0, reader.catalog.num_rows)
         for items in cursor:

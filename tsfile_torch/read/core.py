@@ -542,6 +542,12 @@ def sums_verified(core: ReadingCore) -> bool:
     return core._cells is not None and core._cells.all_checked()
 
 
+def cell_grid(core: ReadingCore) -> int:
+    """Rows per cell of the core's cell sums (1 without them): a worker's stretch that starts
+    and ends on this grid leaves every cell whole in some process (Note: cell sums)."""
+    return core._cells.cell_rows if core._cells is not None else 1
+
+
 def kept_whole(core: ReadingCore) -> bool:
     """Whether every table of ``core`` is kept entirely in this process's store."""
     store = core.store()
