@@ -10,6 +10,7 @@ import torch
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
 from tsfile_torch import TsFileDataset, TsFileIterableDataset, make_loader, synthetic
+from tsfile_torch.read.core import sums_verified
 
 
 @pytest.mark.parametrize("block_rows", [65536, 1500])
@@ -156,9 +157,9 @@ def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
 class _CountingDecodes(TsFileIterableDataset):
     """Writes, at the end of each worker's pass, the rows its reader decoded in that pass."""
 
-    def _generate(self, cursor, num_workers):
+    def _generate(self, cursor, num_workers, worker=0):
         decoded = self.reader.decoded_rows
-        yield from super()._generate(cursor, num_workers)
+        yield from super()._generate(cursor, num_workers, worker)
         info = torch.utils.data.get_worker_info()
         worker = info.id if info is not None else "main"
         path = self.report_dir / f"epoch{cursor.epoch}-worker{worker}.txt"
@@ -183,6 +184,10 @@ def test_random_windows_through_workers_are_exact_and_each_worker_decodes_its_st
                 batch.numpy(), small_expected[rows[0] : rows[0] + 800].astype(np.float32)
             )
             starts[epoch].append(int(rows[0]))
+        # each pass decodes its blocks whole, and through workers the first worker's stretch
+        # starts at row 0 and the last one's ends at the last row: together they hold every
+        # cell of the sums whole, so the sums are checked in the first pass
+        assert sums_verified(ds.core)
     plain = TsFileDataset(small_dir, batch_size=800, random_batches=6, seed=3)
     for epoch in range(2):
         plain.set_epoch(epoch)

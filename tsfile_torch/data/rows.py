@@ -298,9 +298,9 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         # for the iterator, as StatefulDataLoader reads the state right then
         _refuse_loader_batching(self)
         cursor, worker, num_workers = self._begin_pass()
-        return self._generate(cursor, num_workers)
+        return self._generate(cursor, num_workers, worker)
 
-    def _generate(self, cursor, num_workers: int) -> Iterator:
+    def _generate(self, cursor, num_workers: int, worker: int = 0) -> Iterator:
         order = self.spec.order  # the pass's (set_random_batches acts on later passes)
         reader = self._start(cursor.epoch, order)
         streaming = self.options.cache == "none"
@@ -314,9 +314,13 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
             # blocks across epochs, so a new stretch costs nothing)
             spans = [self._row_span(b, order) for b in cursor.batches]
             lo, hi = min(s for s, _ in spans), max(e for _, e in spans)
-            if order == "random":  # widened to whole cells: each is summed whole somewhere
-                grid = cell_grid(self.core)
-                lo, hi = lo // grid * grid, min(-(-hi // grid) * grid, reader.catalog.num_rows)
+            if order == "random":
+                # widened to whole cells, and the first and last workers' to the ends, so that
+                # the workers' stretches together hold every cell whole: the sum checks
+                # complete in the first pass, as with 0 workers (a few rows more to decode)
+                grid, total = cell_grid(self.core), reader.catalog.num_rows
+                lo = 0 if worker == 0 else lo // grid * grid
+                hi = total if worker == num_workers - 1 else min(-(-hi // grid) * grid, total)
             reader.set_range(lo, hi)
         else:  # every row (a clip of an earlier pass would read this one without blocks)
             reader.set_range(0, reader.catalog.num_rows)
