@@ -56,7 +56,13 @@ from tsfile_torch.integrity.reports import explain_worker_failure
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.options import check_bool, check_int
 from tsfile_torch.process import LoaderScope, start_worker
-from tsfile_torch.read.core import kept_whole, share_store, shares_store, sums_verified
+from tsfile_torch.read.core import (
+    kept_whole,
+    share_blocks,
+    share_store,
+    shares_store,
+    sums_verified,
+)
 from tsfile_torch.sampling.state import NUM_WORKERS, WORKER, PassPoint, check_state, pass_state
 
 __all__ = ["default_timeout", "make_loader", "saved_num_workers", "worker_context"]
@@ -487,6 +493,8 @@ def make_loader(
         if method == "fork":
             for core in spec.cores:  # Note: shared memory store in tsfile_torch.read.memory
                 share_store(core)
+                if spec.gathers:  # Note: block exchange in tsfile_torch.read.exchange
+                    share_blocks(core, num_workers)
         ring = RingControl(num_workers)  # Note: ring in tsfile_torch.data.handover
         kwargs["collate_fn"] = RingCollate(kwargs.get("collate_fn") or tud.default_convert)
         kwargs["worker_init_fn"] = functools.partial(

@@ -242,6 +242,7 @@ class _Rows(View):
             epoch_sums=lambda: self.checks_epoch_sums,
             slots=self.core.slots,
             main_pass=self.main_pass if isinstance(self, tud.IterableDataset) else None,
+            gathers=self.spec.order == "shuffle",
         )
 
     @property

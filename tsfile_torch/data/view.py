@@ -145,6 +145,9 @@ class LoaderSpec:
     epoch_sums: Callable[[], bool] | None = None
     slots: Any = field(default=None)
     main_pass: Callable[[int, int], tuple[int, Any]] | None = None
+    #: its batches gather rows from many blocks (shuffled rows): fork workers of a streaming
+    #: loader share what they decode (Note: block exchange in tsfile_torch.read.exchange)
+    gathers: bool = False
 
 
 class View:

@@ -2,13 +2,16 @@
 
 (Note: recycled buffers.) Blocks dropped from the cache keep their memory in a spare list and are
 refilled by the next decode of the same shape: fresh arrays would page-fault every epoch
-(measured: ~140k minor faults per streaming epoch of the reference workload).
+(measured: ~140k minor faults per streaming epoch of the reference workload). A block over
+another process's memory (Note: block exchange in :mod:`tsfile_torch.read.exchange`) is never
+recycled: dropping it releases it to its owner instead.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +29,8 @@ class Block:
     verified: bool = False
     #: calendar features of ``times`` (windows' ``time_features``), computed once per block
     features: np.ndarray | None = None
+    #: set on a block over shared memory (Note: block exchange): called once it is dropped
+    release: Callable[[], None] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -75,7 +80,7 @@ class BlockCache:
         while self.nbytes > self.capacity:
             _, old = self._blocks.popitem(last=False)
             self.nbytes -= old.nbytes
-            if self.recycle_evicted:
+            if self.recycle_evicted or old.release is not None:
                 self.recycle(old)
 
     def buffers(self, k: int, n: int) -> Block:
@@ -89,14 +94,18 @@ class BlockCache:
         return Block(np.empty(n, dtype=np.int64), np.empty((k, n), dtype=self.dtype))
 
     def recycle(self, block: Block) -> None:
-        """Keep ``block``'s memory for a later :meth:`buffers` call of the same shape."""
+        """Keep ``block``'s memory for a later :meth:`buffers` call of the same shape (a block
+        over shared memory is released instead)."""
+        if block.release is not None:
+            block.release()
+            return
         with self._lock:
             self._spare.setdefault(block.values.shape, []).append(block)
 
     def clear(self, drop_buffers: bool = False) -> None:
         """Drop every block (keeping their buffers for reuse unless ``drop_buffers``)."""
-        if not drop_buffers and self.recycle_evicted:
-            for block in self._blocks.values():
+        for block in self._blocks.values():
+            if block.release is not None or (not drop_buffers and self.recycle_evicted):
                 self.recycle(block)
         self._blocks.clear()
         self.nbytes = 0

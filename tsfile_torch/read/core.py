@@ -55,6 +55,7 @@ from tsfile_torch.options import ReadOptions
 from tsfile_torch.read import diskcache
 from tsfile_torch.read.align import Alignment, timelines_of
 from tsfile_torch.read.blockcache import Block, BlockCache
+from tsfile_torch.read.exchange import BlockExchange
 from tsfile_torch.read.memory import MemoryStore
 from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS, BatchReader, default_cache_bytes
 from tsfile_torch.read.stats import series_stats
@@ -185,6 +186,7 @@ class ReadingCore:
         self.catalog: Catalog | None = None
         self.tables: list[Table] = []
         self._shared: MemoryStore | None = None  # fork workers' too (:func:`share_store`)
+        self._exchange: BlockExchange | None = None  # fork workers' (:func:`share_blocks`)
         self.normalizer = None
         self._names: list[list[str]] | None = None
         self._cells: CellSums | None = None
@@ -296,10 +298,7 @@ class ReadingCore:
             overrides = {"dtype": np.float64} if self.normalizer is not None else {}
             self._reset()
             self._reader = self.new_reader(**overrides)
-            worker = worker_id()
-            if worker is not None and self.slots is not None:  # Note: worker reports
-                slots, wid = self.slots, worker[0]
-                self._reader.on_read = lambda text: slots.write(wid, text)
+            _attach_worker(self, self._reader)
         return self._reader
 
     def start_epoch(self, epoch: int) -> BatchReader:
@@ -309,6 +308,7 @@ class ReadingCore:
             reader.check_unchanged()
             if self.options.cache == "none":
                 reader.clear_cache()  # finalized blocks (block()) stay: the view's choice
+                reader.pass_epoch = epoch  # what its block exchange serves (Note: block exchange)
             self._reader_epoch = epoch
         return reader
 
@@ -489,7 +489,7 @@ class ReadingCore:
         out = self.__dict__.copy()
         # anonymous shared memory (Note: shared memory store) reaches fork children only
         out.update(_reader=None, _reader_epoch=None, _store=False, _blocks=None, _whole=False)
-        out.update(_shared=None)
+        out.update(_shared=None, _exchange=None)
         from multiprocessing import context
 
         if context.get_spawning_popen() is None:
@@ -533,6 +533,36 @@ def share_store(core: ReadingCore) -> None:
             shared.adopt(own)
             core._store = shared
         core._shared = shared
+
+
+def share_blocks(core: ReadingCore, num_workers: int) -> None:
+    """Give ``num_workers`` fork workers of a streaming core one exchange of decoded blocks
+    (Note: block exchange in :mod:`tsfile_torch.read.exchange`), once, before they start: for
+    views whose batches gather from many blocks (shuffled rows)."""
+    o = core.options
+    if o.cache != "none" or core._exchange is not None or num_workers < 2 or o.cache_bytes == 0:
+        return
+    groups = core.catalog.groups
+    capacity = o.cache_bytes
+    if capacity is None:
+        capacity = default_cache_bytes(core.catalog, 8, core.block_rows)
+    rows = min(core.block_rows, max(g.num_rows for g in groups))
+    fields = max(len(g.columns) for g in groups)
+    core._exchange = BlockExchange.for_blocks(rows, fields, capacity, num_workers)
+
+
+def _attach_worker(core: ReadingCore, reader: BatchReader) -> None:
+    """Wire a DataLoader worker's new reader to what its loader shares: its report slot
+    (Note: worker reports) and the block exchange (Note: block exchange)."""
+    worker = worker_id()
+    if worker is None:
+        return
+    if core.slots is not None:
+        slots, wid = core.slots, worker[0]
+        reader.on_read = lambda text: slots.write(wid, text)
+    if core._exchange is not None and core._reader_cache:
+        core._exchange.bind(worker[0])
+        reader.exchange = core._exchange
 
 
 def sums_verified(core: ReadingCore) -> bool:

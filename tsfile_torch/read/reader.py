@@ -32,6 +32,7 @@ from tsfile_torch.integrity.checks import StatisticsCheck
 from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.decode import GroupDecoder, misaligned
+from tsfile_torch.read.exchange import exchange_blocks
 from tsfile_torch.read.openfiles import OpenFiles
 from tsfile_torch.read.readahead import FIRST_BLOCK_ROWS, ReadAhead
 from tsfile_torch.read.readahead import local_rows as _local_rows
@@ -233,6 +234,8 @@ class BatchReader:
         )
         #: decodes ahead of the caller in the background (Note: read-ahead)
         self.ahead = ReadAhead(self, max_open_files)
+        #: blocks fork workers share (Note: block exchange), and the pass it serves
+        self.exchange, self.pass_epoch = None, -1
 
     # -- lifetime -------------------------------------------------------------------------
     def __getstate__(self):
@@ -458,13 +461,8 @@ class BatchReader:
         stamps = np.empty(len(rows), dtype=np.int64)
         groups = sorted(view.groups, key=lambda gi: gi not in view.ref_groups)  # timestamps first
         runs = _runs(view, groups, ordered, self.block_rows)
-        if self.decode_threads > 1 and self.cache.capacity:  # the blocks touched, in parallel
-            needs = []
-            for gi, (_, local, parts) in runs.items():
-                for b, a, z in parts:  # the rows a run needs: outside set_range, no prefetch
-                    need = (int(local[a]), int(local[z - 1]) + 1)
-                    needs.append((gi, b, *need, *self._block_rows_of(view.groups[gi], b)))
-            self.ahead.prefetch_blocks(needs)
+        if self.cache.capacity and (self.decode_threads > 1 or self.exchange is not None):
+            _fetch_blocks(self, view, runs)  # the blocks touched, before the gather
         for gi, (lo, local, parts) in runs.items():
             group = view.groups[gi]
             target = view.targets[gi]
@@ -507,6 +505,20 @@ class BatchReader:
         ref = self.cache.peek((twin, number))
         if ref is not None and np.array_equal(ref.times, block.times):
             block.verified = True
+
+
+def _fetch_blocks(reader: BatchReader, view: RowView, runs: dict) -> None:
+    """Get the blocks a gather's ``runs`` touch into ``reader``'s cache first: from the
+    workers' block exchange (Note: block exchange), else decoded on the decode threads."""
+    needs = []
+    for gi, (_, local, parts) in runs.items():
+        for b, a, z in parts:  # the rows a run needs: outside set_range, no prefetch
+            need = (int(local[a]), int(local[z - 1]) + 1)
+            needs.append((gi, b, *need, *reader._block_rows_of(view.groups[gi], b)))
+    if reader.exchange is not None:
+        exchange_blocks(reader, needs)
+    else:
+        reader.ahead.prefetch_blocks(needs)
 
 
 def _runs(view: RowView, groups, ordered: np.ndarray, block_rows: int) -> dict:

@@ -1,0 +1,292 @@
+"""BlockExchange: decoded blocks that fork DataLoader workers hand each other in shared memory.
+
+Note: block exchange. A shuffled batch (``order="shuffle"``) gathers rows from every block of
+its shuffle buffer, so with a streaming loader (``cache="none"``) every worker whose batches
+come from one buffer would decode all of that buffer's blocks: on the reference workload (one
+buffer) 2 workers decoded the epoch twice. Under :func:`tsfile_torch.make_loader` with fork
+workers, the main process makes one exchange per core before the workers start: fixed-size
+slots in anonymous shared memory (``mmap(-1)``: no ``/dev/shm`` name, nothing left behind) and
+a table saying which block each slot holds. A worker that misses a block in its own cache
+claims it, decodes it, copies it into the slot and publishes it; the others take it from
+there instead of decoding it again, so the workers together decode each block of an epoch
+about once, in parallel (claims are first come, first served: each worker decodes the blocks
+nobody claimed yet, then waits for the rest).
+
+Guarantees:
+- **Streaming stays streaming**: a slot serves only the epoch it was decoded in; the next
+  epoch decodes again (the files are checked unchanged at each epoch, as without workers).
+- **Bounded memory**: as many slots as one reader's cache holds; a slot is reused only when no
+  worker holds it (each worker releases a block when its cache drops it, and every block of
+  its cache when a pass begins). With no slot free, a worker decodes on its own, as before.
+- **No hang**: a block claimed by a worker that died is claimed again; a claim or a lock held
+  longer than :data:`WAIT_S` (a stopped worker) is given up and the block decoded locally.
+- **Checks**: the claimer's decode runs every check (statistics, cell sums shared with the
+  workers); takers check the timestamps of what they gather, as for any block.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import time
+from multiprocessing import get_context
+
+import numpy as np
+
+from tsfile_torch.read.blockcache import Block
+
+__all__ = ["BUSY", "BlockExchange", "WAIT_S"]
+
+#: seconds a worker waits for a block another worker claimed (or for the exchange's lock)
+#: before decoding it itself: far above a block's decode (~30 ms for 131,072 rows x 8 fields)
+WAIT_S = 10.0
+#: the most slots an exchange has (its table is scanned on each miss of a worker's cache)
+MAX_SLOTS = 1024
+_POLL_S = 0.0005  # sleep between looks at a claimed block
+
+# columns of the slot table
+_GROUP, _BLOCK, _LO, _HI, _STATE, _EPOCH, _PID, _K, _USED = range(9)
+_FREE, _CLAIMED, _READY = 0, 1, 2
+
+#: :meth:`BlockExchange.acquire`'s answer for a block another live worker is decoding
+BUSY = "busy"
+
+
+class BlockExchange:
+    """Slots of decoded blocks shared by one loader's fork workers (Note: block exchange).
+
+    Args:
+        slot_bytes: bytes of one slot: the largest block (timestamps, then values).
+        num_slots: slots.
+        num_workers: workers that may hold slots (DataLoader worker ids ``0..num_workers-1``).
+    """
+
+    def __init__(self, slot_bytes: int, num_slots: int, num_workers: int):
+        self.slot_bytes = -(-slot_bytes // 64) * 64
+        self.num_slots = num_slots
+        table_bytes = num_slots * 9 * 8 + num_slots * num_workers
+        head = -(-table_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
+        self._map = mmap.mmap(-1, head + num_slots * self.slot_bytes)  # MAP_SHARED, zeros
+        self._table = np.frombuffer(self._map, np.int64, num_slots * 9).reshape(num_slots, 9)
+        holders = np.frombuffer(self._map, np.uint8, num_slots * num_workers, num_slots * 72)
+        self._holders = holders.reshape(num_slots, num_workers)
+        self._data_at = head
+        self._lock = get_context("fork").Lock()
+        self._clock = 0  # this process's view of the use counter (table column _USED)
+        self.worker = 0  # set in each worker (:meth:`bind`)
+        self.broken = False  # a lock was held too long: this process stops using the exchange
+
+    @classmethod
+    def for_blocks(cls, block_rows: int, max_fields: int, capacity: int, num_workers: int):
+        """Return an exchange whose slots hold blocks of ``block_rows`` x ``max_fields``
+        values (8 bytes each at most) and timestamps, ``capacity`` bytes of them (one
+        reader's cache), or ``None`` where not even two slots fit."""
+        slot_bytes = block_rows * (max_fields * 8 + 8)
+        num_slots = min(MAX_SLOTS, capacity // max(slot_bytes, 1))
+        return cls(slot_bytes, num_slots, num_workers) if num_slots >= 2 else None
+
+    def bind(self, worker: int) -> None:
+        """Make this process worker ``worker``: drop what an earlier process of that id held
+        (non-persistent workers: a new process per epoch; it released nothing)."""
+        self.worker = worker
+        if self._locked():
+            try:
+                self._holders[:, worker] = 0
+            finally:
+                self._lock.release()
+
+    # -- slots -------------------------------------------------------------------------------
+    def acquire(self, key: tuple[int, int, int, int], dtype, epoch: int):
+        """Look up block ``key`` = (group, block, lo, hi) as decoded in ``epoch``.
+
+        Returns a :class:`Block` over the slot (held until its ``release``) when it is
+        published; ``(slot,)`` when this worker must decode it now and :meth:`publish` it (or
+        :meth:`abandon` it); :data:`BUSY` when another live worker is decoding it; ``None``
+        when the exchange cannot help (no slot free, or its lock is stuck): decode it alone.
+        """
+        if self.broken or not self._locked():
+            return None
+        try:
+            t = self._table
+            same = np.flatnonzero(
+                (t[:, _GROUP] == key[0])
+                & (t[:, _BLOCK] == key[1])
+                & (t[:, _LO] == key[2])
+                & (t[:, _HI] == key[3])
+                & (t[:, _EPOCH] == epoch)
+                & (t[:, _STATE] != _FREE)
+            )
+            if len(same):
+                slot = int(same[0])
+                if t[slot, _STATE] == _READY:
+                    self._holders[slot, self.worker] = 1
+                    return self._view(slot, key, dtype)
+                pid = int(t[slot, _PID])
+                if pid != os.getpid() and _alive(pid):
+                    return BUSY
+                t[slot, _PID] = os.getpid()  # its claimer died: decode it here
+                return (slot,)
+            slot = self._free_slot(epoch)
+            if slot is None:
+                return None
+            t[slot] = (*key, _CLAIMED, epoch, os.getpid(), 0, 0)
+            return (slot,)
+        finally:
+            self._lock.release()
+
+    def publish(self, claim: tuple[int], block: Block) -> Block:
+        """Copy ``block`` (decoded by this worker after :meth:`acquire` answered ``claim``)
+        into its slot, mark it published and return the slot's copy, held by this worker."""
+        (slot,) = claim
+        k, n = block.values.shape
+        times, values = self._arrays(slot, k, n, block.values.dtype)
+        times[:] = block.times
+        values[:] = block.values
+        if not self._locked():  # the values stay unpublished; the decoded block serves
+            self._abandon(slot, locked=False)
+            return block
+        try:
+            self._table[slot, _K] = k
+            self._table[slot, _STATE] = _READY  # after the values (the lock is the fence)
+            self._holders[slot, self.worker] = 1
+        finally:
+            self._lock.release()
+        return self._block(slot, times, values)
+
+    def abandon(self, claim: tuple[int]) -> None:
+        """Give back a claim whose decode failed (another worker then claims it)."""
+        self._abandon(claim[0], locked=self._locked())
+
+    def wait(self, key: tuple[int, int, int, int], dtype, epoch: int):
+        """:meth:`acquire` until the block is not :data:`BUSY`; after :data:`WAIT_S` of a
+        live claimer's silence (a stopped worker), ``None``: decode it alone."""
+        deadline = time.monotonic() + WAIT_S
+        while True:
+            got = self.acquire(key, dtype, epoch)
+            if got is not BUSY:
+                return got
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(_POLL_S)
+
+    def held(self) -> int:
+        """Return the slots this worker holds."""
+        return int(self._holders[:, self.worker].sum())
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _locked(self) -> bool:
+        """Take the lock; ``False`` (and the exchange given up in this process) when another
+        process held it for :data:`WAIT_S` (it was stopped, or died holding it)."""
+        if self._lock.acquire(timeout=WAIT_S):
+            return True
+        self.broken = True
+        return False
+
+    def _free_slot(self, epoch: int) -> int | None:
+        """Return a slot to claim (lock held), one no worker holds: published in an earlier
+        epoch (its pages are mapped in every worker already: no page faults), else never used,
+        else claimed by a worker that died, else published in this epoch; the least recently
+        used first. A claim of a live worker is never taken: it may still write its values."""
+        t = self._table
+        idle = ~self._holders.any(axis=1)
+        ready = idle & (t[:, _STATE] == _READY)
+        for pick in (ready & (t[:, _EPOCH] != epoch), idle & (t[:, _STATE] == _FREE)):
+            slots = np.flatnonzero(pick)
+            if len(slots):
+                return int(slots[np.argmin(t[slots, _USED])])
+        for s in np.flatnonzero(idle & (t[:, _STATE] == _CLAIMED)):
+            if not _alive(int(t[s, _PID])):
+                return int(s)
+        slots = np.flatnonzero(ready)
+        return int(slots[np.argmin(t[slots, _USED])]) if len(slots) else None
+
+    def _abandon(self, slot: int, locked: bool) -> None:
+        if not locked:
+            return  # the claim stays; waiters give up on it after WAIT_S
+        try:
+            self._table[slot, _STATE] = _FREE
+        finally:
+            self._lock.release()
+
+    def _release(self, slot: int) -> None:
+        """This worker no longer reads ``slot`` (its cache dropped the block)."""
+        if self.broken or not self._locked():
+            return
+        try:
+            self._holders[slot, self.worker] = 0
+            self._table[slot, _USED] = int(self._table[:, _USED].max()) + 1
+        finally:
+            self._lock.release()
+
+    def _arrays(self, slot: int, k: int, n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+        at = self._data_at + slot * self.slot_bytes
+        dtype = np.dtype(dtype)
+        if n * 8 + k * n * dtype.itemsize > self.slot_bytes:
+            raise ValueError(f"a block of {k} x {n} {dtype} values does not fit a slot")
+        times = np.frombuffer(self._map, np.int64, n, at)
+        values = np.frombuffer(self._map, dtype, k * n, at + n * 8).reshape(k, n)
+        return times, values
+
+    def _view(self, slot: int, key, dtype) -> Block:
+        """The published block in ``slot`` (lock held), read-only."""
+        times, values = self._arrays(slot, int(self._table[slot, _K]), key[3] - key[2], dtype)
+        times.flags.writeable = values.flags.writeable = False
+        return self._block(slot, times, values)
+
+    def _block(self, slot: int, times: np.ndarray, values: np.ndarray) -> Block:
+        return Block(times, values, release=lambda: self._release(slot))
+
+    def __getstate__(self):
+        raise TypeError("a BlockExchange reaches fork workers only (anonymous shared memory)")
+
+
+def _alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (a zombie counts as gone only once reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def exchange_blocks(reader, needs) -> None:
+    """Put the blocks of ``needs`` (``(group, block, need_lo, need_hi, lo, hi)``, what a gather
+    touches) that ``reader``'s cache lacks into it through its exchange (Note: block
+    exchange): published ones are taken, unclaimed ones claimed and decoded here, and those
+    another worker is decoding waited for last. Blocks the exchange cannot give are left to
+    the gather, which decodes them as without workers."""
+    ex, cache, epoch = reader.exchange, reader.cache, reader.pass_epoch
+    waiting, seen = [], set()
+    for gi, b, need_lo, need_hi, lo, hi in needs:
+        if (gi, b) in cache or (gi, b) in seen or need_lo < lo or need_hi > hi:
+            continue  # rows outside set_range are read exactly, as the gather does
+        seen.add((gi, b))
+        key = (gi, b, lo, hi)
+        got = ex.acquire(key, reader.dtype, epoch)
+        if got is BUSY:
+            waiting.append(key)
+        else:
+            _keep(reader, key, got)
+    for key in waiting:
+        _keep(reader, key, ex.wait(key, reader.dtype, epoch))
+
+
+def _keep(reader, key: tuple[int, int, int, int], got) -> None:
+    """Put what :meth:`BlockExchange.acquire` gave for ``key`` into ``reader``'s cache."""
+    if got is None:
+        return
+    gi, b, lo, hi = key
+    if isinstance(got, tuple):  # claimed: decode it here, for every worker
+        try:
+            block = reader.decoder.decode(reader.decoder.plan(gi, lo, hi))
+        except BaseException:
+            reader.exchange.abandon(got)
+            raise
+        got = reader.exchange.publish(got, block)
+        if got is not block:
+            reader.cache.recycle(block)
+    reader.cache.put((gi, b), got)
+    if (gi, b) not in reader.cache:  # larger than the whole cache: not kept
+        reader.cache.recycle(got)
