@@ -219,6 +219,32 @@ def _no_thread_outlives_a_test():
 
 
 @pytest.fixture(scope="session")
+def decode_counting():
+    """The function ``(sources, report_dir, **kw) -> dataset``: a TsFileIterableDataset that
+    writes, at the end of each pass of each worker (or the main process), the rows its reader
+    decoded in that pass to ``report_dir / f"epoch{epoch}-worker{id}"`` (``id``: ``main``)."""
+    import torch
+
+    from tsfile_torch import TsFileIterableDataset
+
+    class Counting(TsFileIterableDataset):
+        def _generate(self, cursor, num_workers, worker=0):
+            decoded = self.reader.decoded_rows
+            yield from super()._generate(cursor, num_workers, worker)
+            info = torch.utils.data.get_worker_info()
+            name = info.id if info is not None else "main"
+            path = self.report_dir / f"epoch{cursor.epoch}-worker{name}"
+            path.write_text(str(self.reader.decoded_rows - decoded))
+
+    def make(sources, report_dir, **kw):
+        ds = Counting(sources, **kw)
+        ds.report_dir = report_dir
+        return ds
+
+    return make
+
+
+@pytest.fixture(scope="session")
 def rows_of(small_expected):
     """The function ``(batch[, full, consecutive]) -> row numbers`` of a float batch.
 

@@ -58,7 +58,8 @@ for backend, workers in args["combos"]:
                                return_timestamps=True, block_rows=5000)
         else:
             ds = TsFileIterableDataset(path, batch_size=5000, read_backend=backend,
-                                       dtype="float64", return_timestamps=True, block_rows=5000)
+                                       dtype="float64", return_timestamps=True, block_rows=5000,
+                                       shuffle=kind == "shuffle")
         loader = make_loader(ds, num_workers=workers, timeout=60) if workers else ds
         for epoch in range(2):
             for i, (values, times) in enumerate(loader):
@@ -170,18 +171,22 @@ def _check(outcomes: list[dict], name: str, exact_rows: int | None = None) -> No
 SEEN_ONLY_BY_A_MANIFEST = ("flip:s2+500", "flip:s2+100000")
 
 
-def _damage_case(run_python, tmp_path, pristine, case):
+def _damage_case(run_python, tmp_path, pristine, case, kind="iterable"):
     bad = tmp_path / "damaged.tsfile"
     if case in SEEN_ONLY_BY_A_MANIFEST:  # the manifest of the intact file, then the damage
         bad.write_bytes(pristine.read_bytes())
         write_manifest(tmp_path)
     bad.write_bytes(_damaged(pristine.read_bytes(), case))
-    outcomes = _run(run_python, {"path": str(bad), "combos": COMBOS})  # never a signal or a hang
+    outcomes = _run(run_python, {"path": str(bad), "combos": COMBOS, "kind": kind})  # no hang
     if case in SEEN_ONLY_BY_A_MANIFEST:
         assert all(o["result"] == "error" for o in outcomes), outcomes
         assert all("content differs from the manifest" in o["message"] for o in outcomes)
     _check(outcomes, "damaged.tsfile", exact_rows=2 * ROWS)
-    if case in LATE:
+    if case in LATE and kind == "shuffle":
+        # a shuffled batch gathers from whole blocks decoded (and checked) before it: the
+        # check fails before any of the damaged rows is handed out
+        assert all(o["result"] == "error" for o in outcomes), outcomes
+    elif case in LATE:
         assert all(o["result"] == "wrong_then_error" for o in outcomes), outcomes
 
 
@@ -194,6 +199,23 @@ def test_damaged_file_reads_exactly_or_fails_naming_it(run_python, tmp_path, pri
 @pytest.mark.parametrize("case", SLOW_CASES)
 def test_damaged_file_sweep(run_python, tmp_path, pristine, case):
     _damage_case(run_python, tmp_path, pristine, case)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "flip:s1+10000",  # a data page
+        pytest.param("truncate:0.5", marks=pytest.mark.slow),
+        pytest.param("flip:s1+80000", marks=pytest.mark.slow),  # flagged late
+        pytest.param("flip:s2+500", marks=pytest.mark.slow),  # seen only by a manifest
+    ],
+)
+def test_damaged_file_through_shuffling_workers_reads_exactly_or_fails_naming_it(
+    run_python, tmp_path, pristine, case
+):
+    # 6 blocks in one shuffle buffer: 2 fork workers decode them through the block exchange
+    # (a worker whose decode fails gives its claim back; the other decodes it and fails too)
+    _damage_case(run_python, tmp_path, pristine, case, kind="shuffle")
 
 
 CHANGES = ["truncate", "overwrite", "overwrite_keep_mtime", "delete", "rename_over"]

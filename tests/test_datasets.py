@@ -154,26 +154,13 @@ def test_random_windows_are_exact_and_seeded_by_seed_and_epoch(
     assert [int(rows_of(again[i])[0]) for i in range(6)] != starts
 
 
-class _CountingDecodes(TsFileIterableDataset):
-    """Writes, at the end of each worker's pass, the rows its reader decoded in that pass."""
-
-    def _generate(self, cursor, num_workers, worker=0):
-        decoded = self.reader.decoded_rows
-        yield from super()._generate(cursor, num_workers, worker)
-        info = torch.utils.data.get_worker_info()
-        worker = info.id if info is not None else "main"
-        path = self.report_dir / f"epoch{cursor.epoch}-worker{worker}.txt"
-        path.write_text(str(self.reader.decoded_rows - decoded))
-
-
 @pytest.mark.parametrize("workers", [0, 2])
 def test_random_windows_through_workers_are_exact_and_each_worker_decodes_its_stretch(
-    tmp_path, small_dir, small_expected, rows_of, workers
+    tmp_path, small_dir, small_expected, rows_of, workers, decode_counting
 ):
     # random batches are dealt to the workers sorted by row, so each worker's blocks are
     # clipped to its stretch: the workers together decode about one pass, not one each
-    ds = _CountingDecodes(small_dir, batch_size=800, random_batches=6, seed=3)
-    ds.report_dir = tmp_path
+    ds = decode_counting(small_dir, tmp_path, batch_size=800, random_batches=6, seed=3)
     loader = make_loader(ds, num_workers=workers, persistent_workers=workers > 0)
     starts = {}
     for epoch in range(2):
@@ -195,7 +182,7 @@ def test_random_windows_through_workers_are_exact_and_each_worker_decodes_its_st
     if workers:
         groups = 6  # 3 files x 2 devices, 5,000 rows each
         for epoch in range(2):
-            per_worker = [int(p.read_text()) for p in tmp_path.glob(f"epoch{epoch}-*.txt")]
+            per_worker = [int(p.read_text()) for p in tmp_path.glob(f"epoch{epoch}-worker*")]
             assert len(per_worker) == 2
             # two sorted halves overlap by at most one batch (and each end widens to a 32-row
             # cell): at most 5,928 rows of each group

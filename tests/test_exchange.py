@@ -1,0 +1,158 @@
+"""The block exchange (Note: block exchange in tsfile_torch.read.exchange): fork workers of a
+streaming shuffled loader decode each block of a pass once between them, exactly, with nothing
+left behind and no wait on a worker that died or stopped."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from tsfile_torch import make_loader
+from tsfile_torch.read import exchange as exchange_module
+from tsfile_torch.read.blockcache import Block
+from tsfile_torch.read.exchange import BUSY, BlockExchange
+
+GROUPS = 6  # the small dataset: 3 files x 2 devices, 5,000 rows each
+
+
+def _shm() -> set[str]:
+    return set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_shuffled_streaming_workers_decode_each_block_once_and_hand_out_exact_rows(
+    tmp_path, small_dir, small_expected, decode_counting, persistent
+):
+    before = _shm()
+    # 5 blocks of 1,024 rows per group: one shuffle buffer, so every batch of both workers
+    # gathers from every block (without the exchange both workers decode all of them)
+    ds = decode_counting(
+        small_dir, tmp_path, batch_size=700, shuffle=True, seed=4, block_rows=1024,
+        return_timestamps=True,
+    )  # fmt: skip
+    loader = make_loader(
+        ds, num_workers=2, multiprocessing_context="fork", persistent_workers=persistent
+    )
+    for epoch in range(3):
+        ds.set_epoch(epoch)
+        held = list(loader)  # every batch of the epoch kept until the end
+        times = torch.cat([t for _, t in held]).numpy()  # row r has timestamp r
+        assert sorted(times.tolist()) == list(range(5000))  # each row once
+        for values, stamps in held:
+            want = small_expected[stamps.numpy()].astype(np.float32)
+            np.testing.assert_array_equal(values.numpy(), want)
+        decoded = [int(p.read_text()) for p in tmp_path.glob(f"epoch{epoch}-worker*")]
+        assert len(decoded) == 2
+        # each epoch decodes every row once between the two workers (streaming: again in
+        # each epoch), where each decoded all of them before
+        assert sum(decoded) == 5000 * GROUPS, decoded
+    del loader, held
+    assert _shm() <= before  # anonymous shared memory: no /dev/shm entry
+
+
+def test_a_published_block_is_served_read_only_and_only_in_its_epoch():
+    ex = BlockExchange.for_blocks(block_rows=100, max_fields=3, capacity=10_000, num_workers=2)
+    key = (0, 0, 0, 100)
+    claim = ex.acquire(key, np.float32, epoch=0)
+    assert isinstance(claim, tuple)
+    local = Block(np.arange(100, dtype=np.int64), np.arange(300, dtype=np.float32).reshape(3, 100))
+    mine = ex.publish(claim, local)
+    assert mine is not local and ex.held() == 1
+    ex.bind(1)  # another worker, in the same process for the test
+    theirs = ex.acquire(key, np.float32, epoch=0)
+    np.testing.assert_array_equal(theirs.values, local.values)
+    np.testing.assert_array_equal(theirs.times, local.times)
+    assert not theirs.values.flags.writeable
+    # the next epoch decodes again: the block is not served, its key is claimed anew
+    assert isinstance(ex.acquire(key, np.float32, epoch=1), tuple)
+
+
+def test_slots_are_reused_only_once_no_worker_holds_them():
+    ex = BlockExchange.for_blocks(100, max_fields=1, capacity=2 * 100 * 16, num_workers=1)
+    assert ex.num_slots == 2
+
+    def block(k):
+        return Block(np.arange(100, dtype=np.int64), np.full((1, 100), k, dtype=np.float64))
+
+    held = [ex.publish(ex.acquire((0, k, 0, 100), np.float64, 0), block(k)) for k in range(2)]
+    assert ex.acquire((0, 2, 0, 100), np.float64, 0) is None  # both held: decode it alone
+    held[0].release()
+    third = ex.publish(ex.acquire((0, 2, 0, 100), np.float64, 0), block(2))
+    assert float(third.values[0, 0]) == 2.0 and float(held[1].values[0, 0]) == 1.0
+    assert ex.acquire((0, 0, 0, 100), np.float64, 0) is None  # its slot went to block 2
+
+
+def _in_child(action) -> int:
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            action()
+        finally:
+            os._exit(0)
+    return pid
+
+
+def test_a_claim_of_a_worker_that_died_is_claimed_again(monkeypatch):
+    ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
+    key = (0, 0, 0, 10)
+
+    def claim_and_die():
+        ex.bind(1)
+        assert isinstance(ex.acquire(key, np.float64, 0), tuple)
+
+    pid = _in_child(claim_and_die)
+    os.waitpid(pid, 0)
+    start = time.monotonic()
+    claim = ex.wait(key, np.float64, 0)
+    assert isinstance(claim, tuple)  # taken over at once, not after WAIT_S
+    assert time.monotonic() - start < exchange_module.WAIT_S / 2
+
+
+@pytest.mark.parametrize("holds", ["claim", "lock"])
+def test_a_stopped_worker_is_waited_for_at_most_wait_s(monkeypatch, holds):
+    monkeypatch.setattr(exchange_module, "WAIT_S", 0.5)
+    ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
+    key = (0, 0, 0, 10)
+
+    def claim_and_stop():
+        ex.bind(1)
+        if holds == "claim":
+            assert isinstance(ex.acquire(key, np.float64, 0), tuple)
+        else:
+            ex._lock.acquire()
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+    pid = _in_child(claim_and_stop)
+    try:
+        os.waitpid(pid, os.WUNTRACED)  # returns once the child stopped itself
+        if holds == "claim":
+            assert ex.acquire(key, np.float64, 0) is BUSY
+        start = time.monotonic()
+        assert ex.wait(key, np.float64, 0) is None  # decoded alone, no hang
+        assert 0.4 < time.monotonic() - start < 5
+        assert ex.broken == (holds == "lock")  # a stuck lock: this process stops using it
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+
+
+def test_a_failed_decode_gives_its_claim_back():
+    ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
+    key = (0, 0, 0, 10)
+    claim = ex.acquire(key, np.float64, 0)
+    ex.abandon(claim)
+    ex.bind(1)
+    assert isinstance(ex.acquire(key, np.float64, 0), tuple)  # the next one decodes it
+
+
+def test_an_exchange_does_not_pickle():
+    ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
+    with pytest.raises(TypeError, match="fork workers only"):
+        import pickle
+
+        pickle.dumps(ex)
