@@ -144,9 +144,18 @@ def _process_figures(pid: int | str = "self") -> dict:
     }
 
 
-@pytest.mark.parametrize("num_workers", [pytest.param(0, marks=pytest.mark.slow), 2])
-def test_100_epochs_leak_no_fds_maps_memory_or_threads(small_dir, num_workers):
-    ds = TsFileIterableDataset(small_dir, batch_size=2500, read_backend="mmap")
+@pytest.mark.parametrize(
+    "num_workers, order",
+    [
+        pytest.param(0, {}, marks=pytest.mark.slow),
+        (2, {}),
+        # a new stretch per worker each epoch; gathers through the block exchange
+        pytest.param(2, {"random_batches": 3}, marks=pytest.mark.slow),
+        pytest.param(2, {"shuffle": True}, marks=pytest.mark.slow),
+    ],
+)
+def test_100_epochs_leak_no_fds_maps_memory_or_threads(small_dir, num_workers, order):
+    ds = TsFileIterableDataset(small_dir, batch_size=2500, read_backend="mmap", **order)
     loader = make_loader(ds, num_workers=num_workers) if num_workers else ds
     figures = []
     for epoch in range(100):

@@ -1,11 +1,14 @@
 """BlockCache: decoded blocks kept by key in a byte-bounded LRU, with their buffers recycled.
 
 (Note: recycled buffers.) Blocks dropped from the cache keep their memory in a spare list and are
-refilled by the next decode of the same shape: fresh arrays would page-fault every epoch
-(measured: ~140k minor faults per streaming epoch of the reference workload). A block over
-another process's memory (Note: block exchange in :mod:`tsfile_torch.read.exchange`) is never
-recycled: dropping it releases it to its owner instead.
-"""
+refilled by the next decode: fresh arrays would page-fault every epoch (measured: ~140k minor
+faults per streaming epoch of the reference workload). A spare serves any block of as many
+fields and at most as many rows: a worker's stretch of random batches is new each epoch, and
+spares kept by exact shape were never reused, so they piled up (about 18 MiB an epoch per worker
+on the reference workload) and every epoch faulted fresh pages. Spares beyond the cache's
+capacity (at least :data:`MIN_SPARE_BYTES`) are dropped, smallest first. A block over another
+process's memory (Note: block exchange in :mod:`tsfile_torch.read.exchange`) is never
+recycled: dropping it releases it to its owner instead."""
 
 from __future__ import annotations
 
@@ -16,7 +19,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Block", "BlockCache"]
+__all__ = ["Block", "BlockCache", "MIN_SPARE_BYTES"]
+
+#: spare buffers kept at least, whatever the capacity (a cache of 0 bytes still reuses the
+#: buffers of its exact reads)
+MIN_SPARE_BYTES = 64 << 20
 
 
 @dataclass
@@ -31,6 +38,8 @@ class Block:
     features: np.ndarray | None = None
     #: set on a block over shared memory (Note: block exchange): called once it is dropped
     release: Callable[[], None] | None = None
+    #: the whole buffers a block of :meth:`BlockCache.buffers` lies in (times, flat values)
+    spare: tuple[np.ndarray, np.ndarray] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -54,7 +63,8 @@ class BlockCache:
         self.dtype = np.dtype(dtype)
         self.nbytes = 0
         self._blocks: OrderedDict[object, Block] = OrderedDict()
-        self._spare: dict[tuple[int, int], list[Block]] = {}
+        self._spare: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}  # by fields
+        self._spare_bytes = 0
         self._lock = threading.Lock()  # spares are taken from decode threads
 
     def __contains__(self, key) -> bool:
@@ -84,23 +94,40 @@ class BlockCache:
                 self.recycle(old)
 
     def buffers(self, k: int, n: int) -> Block:
-        """Return a block of ``k`` x ``n`` values to fill: a recycled one if there is one."""
+        """Return a block of ``k`` x ``n`` values to fill: in recycled buffers if some are
+        large enough (the smallest such), else new ones."""
         with self._lock:
-            spare = self._spare.get((k, n))
-            if spare:
-                block = spare.pop()
-                block.verified = False
-                return block
-        return Block(np.empty(n, dtype=np.int64), np.empty((k, n), dtype=self.dtype))
+            spares = self._spare.get(k, [])
+            fits = [i for i, (times, _) in enumerate(spares) if len(times) >= n]
+            if fits:
+                times, flat = spares.pop(min(fits, key=lambda i: len(spares[i][0])))
+                self._spare_bytes -= times.nbytes + flat.nbytes
+                return _in(times, flat, k, n)
+        return _in(np.empty(n, dtype=np.int64), np.empty(k * n, dtype=self.dtype), k, n)
 
     def recycle(self, block: Block) -> None:
-        """Keep ``block``'s memory for a later :meth:`buffers` call of the same shape (a block
-        over shared memory is released instead)."""
+        """Keep ``block``'s buffers for a later :meth:`buffers` call (a block over shared
+        memory is released instead; one not made by :meth:`buffers` is let go)."""
         if block.release is not None:
             block.release()
             return
+        if block.spare is None:
+            return
+        times, flat = block.spare
+        block.spare = None  # recycled once, whoever drops it again
         with self._lock:
-            self._spare.setdefault(block.values.shape, []).append(block)
+            spares = self._spare.setdefault(block.values.shape[0], [])
+            spares.append((times, flat))
+            self._spare_bytes += times.nbytes + flat.nbytes
+            while self._spare_bytes > max(self.capacity, MIN_SPARE_BYTES) and self._spare:
+                k, i = min(
+                    ((k, i) for k, v in self._spare.items() for i in range(len(v))),
+                    key=lambda ki: len(self._spare[ki[0]][ki[1]][0]),
+                )
+                dropped = self._spare[k].pop(i)
+                self._spare_bytes -= dropped[0].nbytes + dropped[1].nbytes
+                if not self._spare[k]:
+                    del self._spare[k]
 
     def clear(self, drop_buffers: bool = False) -> None:
         """Drop every block (keeping their buffers for reuse unless ``drop_buffers``)."""
@@ -110,4 +137,11 @@ class BlockCache:
         self._blocks.clear()
         self.nbytes = 0
         if drop_buffers:
-            self._spare.clear()
+            with self._lock:
+                self._spare.clear()
+                self._spare_bytes = 0
+
+
+def _in(times: np.ndarray, flat: np.ndarray, k: int, n: int) -> Block:
+    """A block of ``k`` x ``n`` values at the start of buffers ``times`` and ``flat``."""
+    return Block(times[:n], flat[: k * n].reshape(k, n), spare=(times, flat))
