@@ -5,6 +5,7 @@ left behind and no wait on a worker that died or stopped."""
 from __future__ import annotations
 
 import os
+import pickle
 import signal
 import time
 
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tsfile_torch import make_loader
+from tsfile_torch import TsFileIterableDataset, make_loader
 from tsfile_torch.read import exchange as exchange_module
 from tsfile_torch.read.blockcache import Block
 from tsfile_torch.read.exchange import BUSY, BlockExchange
@@ -55,36 +56,44 @@ def test_shuffled_streaming_workers_decode_each_block_once_and_hand_out_exact_ro
     assert _shm() <= before  # anonymous shared memory: no /dev/shm entry
 
 
-def test_a_published_block_is_served_read_only_and_only_in_its_epoch():
-    ex = BlockExchange.for_blocks(block_rows=100, max_fields=3, capacity=10_000, num_workers=2)
-    key = (0, 0, 0, 100)
-    claim = ex.acquire(key, np.float32, epoch=0)
+def test_a_later_loader_with_more_workers_shares_blocks_too(
+    tmp_path, small_dir, small_expected, decode_counting
+):
+    ds = decode_counting(small_dir, tmp_path, batch_size=700, shuffle=True, block_rows=1024)
+    want = np.sort(small_expected[:, 0].astype(np.float32))
+    for workers in (2, 3):  # the second loader needs an exchange for three workers
+        loader = make_loader(ds, num_workers=workers, multiprocessing_context="fork")
+        ds.set_epoch(workers)
+        got = torch.cat(list(loader)).numpy()
+        np.testing.assert_array_equal(np.sort(got[:, 0]), want)
+        decoded = [int(p.read_text()) for p in tmp_path.glob(f"epoch{workers}-worker*")]
+        assert len(decoded) == workers and sum(decoded) == 5000 * GROUPS, decoded
+        del loader
+
+
+def test_two_loaders_over_one_dataset_take_slots_of_their_own(small_dir, small_expected):
+    # few slots (40 of 32 KiB, for 30 blocks a pass): the four persistent workers of two
+    # loaders, alive at once, each hold slots of their own and reuse only what no live
+    # process holds
+    ds = TsFileIterableDataset(
+        small_dir, batch_size=700, shuffle=True, block_rows=1024, return_timestamps=True,
+        cache_bytes=40 * 1024 * 32,
+    )  # fmt: skip
+    loaders = [make_loader(ds, num_workers=2, multiprocessing_context="fork") for _ in range(2)]
+    for epoch in range(4):
+        ds.set_epoch(epoch)
+        held = list(loaders[epoch % 2])
+        assert sorted(torch.cat([t for _, t in held]).tolist()) == list(range(5000))
+        for values, stamps in held:
+            want = small_expected[stamps.numpy()].astype(np.float32)
+            np.testing.assert_array_equal(values.numpy(), want)
+
+
+def _published(ex, key, fill: float) -> Block:
+    claim = ex.acquire(key, np.float64, 0)
     assert isinstance(claim, tuple)
-    local = Block(np.arange(100, dtype=np.int64), np.arange(300, dtype=np.float32).reshape(3, 100))
-    mine = ex.publish(claim, local)
-    assert mine is not local and ex.held() == 1
-    ex.bind(1)  # another worker, in the same process for the test
-    theirs = ex.acquire(key, np.float32, epoch=0)
-    np.testing.assert_array_equal(theirs.values, local.values)
-    np.testing.assert_array_equal(theirs.times, local.times)
-    assert not theirs.values.flags.writeable
-    # the next epoch decodes again: the block is not served, its key is claimed anew
-    assert isinstance(ex.acquire(key, np.float32, epoch=1), tuple)
-
-
-def test_slots_are_reused_only_once_no_worker_holds_them():
-    ex = BlockExchange.for_blocks(100, max_fields=1, capacity=2 * 100 * 16, num_workers=1)
-    assert ex.num_slots == 2
-
-    def block(k):
-        return Block(np.arange(100, dtype=np.int64), np.full((1, 100), k, dtype=np.float64))
-
-    held = [ex.publish(ex.acquire((0, k, 0, 100), np.float64, 0), block(k)) for k in range(2)]
-    assert ex.acquire((0, 2, 0, 100), np.float64, 0) is None  # both held: decode it alone
-    held[0].release()
-    third = ex.publish(ex.acquire((0, 2, 0, 100), np.float64, 0), block(2))
-    assert float(third.values[0, 0]) == 2.0 and float(held[1].values[0, 0]) == 1.0
-    assert ex.acquire((0, 0, 0, 100), np.float64, 0) is None  # its slot went to block 2
+    n = key[3] - key[2]
+    return ex.publish(claim, Block(np.arange(n, dtype=np.int64), np.full((1, n), fill)))
 
 
 def _in_child(action) -> int:
@@ -97,19 +106,50 @@ def _in_child(action) -> int:
     return pid
 
 
-def test_a_claim_of_a_worker_that_died_is_claimed_again(monkeypatch):
+def test_a_block_published_by_another_worker_is_served_read_only_in_its_epoch_only():
+    ex = BlockExchange.for_blocks(block_rows=100, max_fields=1, capacity=10_000, num_workers=2)
+    key = (0, 0, 0, 100)
+
+    def publish():
+        assert ex.bind()
+        _published(ex, key, 7.0)
+
+    os.waitpid(_in_child(publish), 0)
+    assert ex.bind()
+    theirs = ex.acquire(key, np.float64, epoch=0)
+    np.testing.assert_array_equal(theirs.values, np.full((1, 100), 7.0))
+    np.testing.assert_array_equal(theirs.times, np.arange(100))
+    assert not theirs.values.flags.writeable
+    assert ex.held() == 1
+    theirs.release()
+    assert ex.held() == 0
+    # the next epoch decodes again: the block is not served, its key is claimed anew
+    assert isinstance(ex.acquire(key, np.float64, epoch=1), tuple)
+
+
+def test_slots_are_reused_only_once_no_process_holds_them():
+    ex = BlockExchange.for_blocks(100, max_fields=1, capacity=2 * 100 * 16, num_workers=1)
+    assert ex.num_slots == 2 and ex.bind()
+    held = [_published(ex, (0, k, 0, 100), float(k)) for k in range(2)]
+    assert ex.acquire((0, 2, 0, 100), np.float64, 0) is None  # both held: decode it alone
+    held[0].release()
+    third = _published(ex, (0, 2, 0, 100), 2.0)
+    assert float(third.values[0, 0]) == 2.0 and float(held[1].values[0, 0]) == 1.0
+    assert isinstance(ex.acquire((0, 0, 0, 100), np.float64, 0), tuple) is False  # slot gone
+
+
+def test_a_claim_of_a_worker_that_died_is_claimed_again():
     ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
     key = (0, 0, 0, 10)
+    assert ex.bind()
 
     def claim_and_die():
-        ex.bind(1)
+        assert ex.bind()
         assert isinstance(ex.acquire(key, np.float64, 0), tuple)
 
-    pid = _in_child(claim_and_die)
-    os.waitpid(pid, 0)
+    os.waitpid(_in_child(claim_and_die), 0)
     start = time.monotonic()
-    claim = ex.wait(key, np.float64, 0)
-    assert isinstance(claim, tuple)  # taken over at once, not after WAIT_S
+    assert isinstance(ex.wait(key, np.float64, 0), tuple)  # taken over at once, not after WAIT_S
     assert time.monotonic() - start < exchange_module.WAIT_S / 2
 
 
@@ -118,9 +158,10 @@ def test_a_stopped_worker_is_waited_for_at_most_wait_s(monkeypatch, holds):
     monkeypatch.setattr(exchange_module, "WAIT_S", 0.5)
     ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
     key = (0, 0, 0, 10)
+    assert ex.bind()
 
     def claim_and_stop():
-        ex.bind(1)
+        assert ex.bind()
         if holds == "claim":
             assert isinstance(ex.acquire(key, np.float64, 0), tuple)
         else:
@@ -144,15 +185,12 @@ def test_a_stopped_worker_is_waited_for_at_most_wait_s(monkeypatch, holds):
 def test_a_failed_decode_gives_its_claim_back():
     ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
     key = (0, 0, 0, 10)
-    claim = ex.acquire(key, np.float64, 0)
-    ex.abandon(claim)
-    ex.bind(1)
-    assert isinstance(ex.acquire(key, np.float64, 0), tuple)  # the next one decodes it
+    assert ex.bind()
+    ex.abandon(ex.acquire(key, np.float64, 0))
+    assert isinstance(ex.acquire(key, np.float64, 0), tuple)  # the next try decodes it
 
 
 def test_an_exchange_does_not_pickle():
     ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
     with pytest.raises(TypeError, match="fork workers only"):
-        import pickle
-
         pickle.dumps(ex)

@@ -74,19 +74,22 @@ class RingControl:
         """Make and map a slot segment of ``size`` bytes (in a worker); None when shared
         memory is short (the batch then takes a segment of its own, as without a ring)."""
         name = self.name(worker, slot, gen)
+        # registered before it exists: a worker killed right after making it (its main process
+        # got SIGKILL) still leaves it to the tracker (which only warns of a name never made)
+        resource_tracker.register(name, "shared_memory")
         try:
             fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         except OSError:
+            resource_tracker.unregister(name, "shared_memory")
             return None
         try:
             os.posix_fallocate(fd, 0, size)  # a full /dev/shm: an error now, never a SIGBUS
             segment = mmap.mmap(fd, size)
         except OSError:
-            _posixshmem.shm_unlink(name)
+            _unlink(name)
             return None
         finally:
             os.close(fd)
-        resource_tracker.register(name, "shared_memory")
         return segment
 
     def reset(self) -> None:

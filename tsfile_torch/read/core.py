@@ -540,8 +540,8 @@ def share_blocks(core: ReadingCore, num_workers: int) -> None:
     (Note: block exchange in :mod:`tsfile_torch.read.exchange`), once, before they start: for
     views whose batches gather from many blocks (shuffled rows)."""
     o = core.options
-    if o.cache != "none" or core._exchange is not None or num_workers < 2 or o.cache_bytes == 0:
-        return
+    if o.cache != "none" or num_workers < 2 or o.cache_bytes == 0 or core._exchange is not None:
+        return  # one per core: the processes of every loader over it take columns of their own
     groups = core.catalog.groups
     capacity = o.cache_bytes
     if capacity is None:
@@ -560,9 +560,9 @@ def _attach_worker(core: ReadingCore, reader: BatchReader) -> None:
     if core.slots is not None:
         slots, wid = core.slots, worker[0]
         reader.on_read = lambda text: slots.write(wid, text)
-    if core._exchange is not None and core._reader_cache:
-        core._exchange.bind(worker[0])
-        reader.exchange = core._exchange
+    exchange = core._exchange
+    if exchange is not None and core._reader_cache and exchange.bind():
+        reader.exchange = exchange
 
 
 def sums_verified(core: ReadingCore) -> bool:

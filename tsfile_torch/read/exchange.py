@@ -58,22 +58,27 @@ class BlockExchange:
     Args:
         slot_bytes: bytes of one slot: the largest block (timestamps, then values).
         num_slots: slots.
-        num_workers: workers that may hold slots (DataLoader worker ids ``0..num_workers-1``).
+        num_workers: workers expected at once; each process that reads through the exchange
+            takes a holder column of its own (:meth:`bind`), and there are ``4 x num_workers``
+            (at least 16): loaders sharing a dataset, and new workers each epoch, reuse the
+            columns of processes that ended.
     """
 
     def __init__(self, slot_bytes: int, num_slots: int, num_workers: int):
         self.slot_bytes = -(-slot_bytes // 64) * 64
         self.num_slots = num_slots
-        table_bytes = num_slots * 9 * 8 + num_slots * num_workers
+        columns = min(max(4 * num_workers, 16), 256)
+        table_bytes = num_slots * 9 * 8 + columns * 8 + num_slots * columns
         head = -(-table_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
         self._map = mmap.mmap(-1, head + num_slots * self.slot_bytes)  # MAP_SHARED, zeros
         self._table = np.frombuffer(self._map, np.int64, num_slots * 9).reshape(num_slots, 9)
-        holders = np.frombuffer(self._map, np.uint8, num_slots * num_workers, num_slots * 72)
-        self._holders = holders.reshape(num_slots, num_workers)
+        at = num_slots * 72
+        self._pids = np.frombuffer(self._map, np.int64, columns, at)  # each column's process
+        holders = np.frombuffer(self._map, np.uint8, num_slots * columns, at + columns * 8)
+        self._holders = holders.reshape(num_slots, columns)
         self._data_at = head
         self._lock = get_context("fork").Lock()
-        self._clock = 0  # this process's view of the use counter (table column _USED)
-        self.worker = 0  # set in each worker (:meth:`bind`)
+        self.column = None  # this process's holder column (:meth:`bind`)
         self.broken = False  # a lock was held too long: this process stops using the exchange
 
     @classmethod
@@ -85,15 +90,26 @@ class BlockExchange:
         num_slots = min(MAX_SLOTS, capacity // max(slot_bytes, 1))
         return cls(slot_bytes, num_slots, num_workers) if num_slots >= 2 else None
 
-    def bind(self, worker: int) -> None:
-        """Make this process worker ``worker``: drop what an earlier process of that id held
-        (non-persistent workers: a new process per epoch; it released nothing)."""
-        self.worker = worker
-        if self._locked():
-            try:
-                self._holders[:, worker] = 0
-            finally:
-                self._lock.release()
+    def bind(self) -> bool:
+        """Take a holder column for this process (a free one, or one of a process that
+        ended: what it held is dropped); ``False`` when none is left or the lock is stuck
+        (this process then reads without the exchange)."""
+        pid = os.getpid()
+        if self.column is not None and self._pids[self.column] == pid:
+            return True
+        if not self._locked():
+            return False
+        try:
+            for column, owner in enumerate(self._pids.tolist()):
+                if owner == 0 or owner == pid or not _alive(owner):
+                    self._pids[column] = pid
+                    self._holders[:, column] = 0
+                    self.column = column
+                    return True
+            self.broken = True
+            return False
+        finally:
+            self._lock.release()
 
     # -- slots -------------------------------------------------------------------------------
     def acquire(self, key: tuple[int, int, int, int], dtype, epoch: int):
@@ -104,7 +120,7 @@ class BlockExchange:
         :meth:`abandon` it); :data:`BUSY` when another live worker is decoding it; ``None``
         when the exchange cannot help (no slot free, or its lock is stuck): decode it alone.
         """
-        if self.broken or not self._locked():
+        if self.broken or self.column is None or not self._locked():
             return None
         try:
             t = self._table
@@ -119,7 +135,7 @@ class BlockExchange:
             if len(same):
                 slot = int(same[0])
                 if t[slot, _STATE] == _READY:
-                    self._holders[slot, self.worker] = 1
+                    self._holders[slot, self.column] = 1
                     return self._view(slot, key, dtype)
                 pid = int(t[slot, _PID])
                 if pid != os.getpid() and _alive(pid):
@@ -148,7 +164,7 @@ class BlockExchange:
         try:
             self._table[slot, _K] = k
             self._table[slot, _STATE] = _READY  # after the values (the lock is the fence)
-            self._holders[slot, self.worker] = 1
+            self._holders[slot, self.column] = 1
         finally:
             self._lock.release()
         return self._block(slot, times, values)
@@ -170,8 +186,8 @@ class BlockExchange:
             time.sleep(_POLL_S)
 
     def held(self) -> int:
-        """Return the slots this worker holds."""
-        return int(self._holders[:, self.worker].sum())
+        """Return the slots this process holds."""
+        return int(self._holders[:, self.column].sum())
 
     # -- helpers -----------------------------------------------------------------------------
     def _locked(self) -> bool:
@@ -188,7 +204,8 @@ class BlockExchange:
         else claimed by a worker that died, else published in this epoch; the least recently
         used first. A claim of a live worker is never taken: it may still write its values."""
         t = self._table
-        idle = ~self._holders.any(axis=1)
+        live = [c for c, p in enumerate(self._pids.tolist()) if p and _alive(p)]
+        idle = ~self._holders[:, live].any(axis=1)  # a process that ended holds nothing
         ready = idle & (t[:, _STATE] == _READY)
         for pick in (ready & (t[:, _EPOCH] != epoch), idle & (t[:, _STATE] == _FREE)):
             slots = np.flatnonzero(pick)
@@ -213,7 +230,7 @@ class BlockExchange:
         if self.broken or not self._locked():
             return
         try:
-            self._holders[slot, self.worker] = 0
+            self._holders[slot, self.column] = 0
             self._table[slot, _USED] = int(self._table[:, _USED].max()) + 1
         finally:
             self._lock.release()
