@@ -56,6 +56,7 @@ def test_shuffled_streaming_workers_decode_each_block_once_and_hand_out_exact_ro
     assert _shm() <= before  # anonymous shared memory: no /dev/shm entry
 
 
+@pytest.mark.filterwarnings("ignore:This DataLoader will create 3 worker processes")
 def test_a_later_loader_with_more_workers_shares_blocks_too(
     tmp_path, small_dir, small_expected, decode_counting
 ):
@@ -194,3 +195,12 @@ def test_an_exchange_does_not_pickle():
     ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
     with pytest.raises(TypeError, match="fork workers only"):
         pickle.dumps(ex)
+
+
+def test_a_block_larger_than_a_slot_is_kept_by_its_decoder_alone():
+    ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=2)
+    assert ex.bind()
+    claim = ex.acquire((0, 0, 0, 50), np.float64, 0)
+    big = Block(np.arange(50, dtype=np.int64), np.zeros((3, 50)))
+    assert ex.publish(claim, big) is big  # not shared; the claim is given back
+    assert isinstance(ex.acquire((0, 0, 0, 50), np.float64, 0), tuple)

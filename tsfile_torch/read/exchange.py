@@ -16,8 +16,11 @@ Guarantees:
 - **Streaming stays streaming**: a slot serves only the epoch it was decoded in; the next
   epoch decodes again (the files are checked unchanged at each epoch, as without workers).
 - **Bounded memory**: as many slots as one reader's cache holds; a slot is reused only when no
-  worker holds it (each worker releases a block when its cache drops it, and every block of
-  its cache when a pass begins). With no slot free, a worker decodes on its own, as before.
+  live process holds it (each worker releases a block when its cache drops it, and every block
+  of its cache when a pass begins; each process marks what it holds in a column of its own,
+  taken when its reader opens, so loaders sharing a dataset and the new workers of each epoch
+  never clear each other's marks, and a process that ended holds nothing). With no slot free,
+  a worker decodes on its own, as before.
 - **No hang**: a block claimed by a worker that died is claimed again; a claim or a lock held
   longer than :data:`WAIT_S` (a stopped worker) is given up and the block decoded locally.
 - **Checks**: the claimer's decode runs every check (statistics, cell sums shared with the
@@ -155,6 +158,9 @@ class BlockExchange:
         into its slot, mark it published and return the slot's copy, held by this worker."""
         (slot,) = claim
         k, n = block.values.shape
+        if n * 8 + k * n * block.values.dtype.itemsize > self.slot_bytes:  # not made for it
+            self.abandon(claim)
+            return block
         times, values = self._arrays(slot, k, n, block.values.dtype)
         times[:] = block.times
         values[:] = block.values
@@ -237,9 +243,6 @@ class BlockExchange:
 
     def _arrays(self, slot: int, k: int, n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
         at = self._data_at + slot * self.slot_bytes
-        dtype = np.dtype(dtype)
-        if n * 8 + k * n * dtype.itemsize > self.slot_bytes:
-            raise ValueError(f"a block of {k} x {n} {dtype} values does not fit a slot")
         times = np.frombuffer(self._map, np.int64, n, at)
         values = np.frombuffer(self._map, dtype, k * n, at + n * 8).reshape(k, n)
         return times, values
