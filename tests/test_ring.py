@@ -250,10 +250,16 @@ def test_a_main_process_interrupted_or_killed_mid_epoch_leaves_no_slot(small_dir
             pytest.fail(f"the child did not end within 120 s after {how!r}; its threads: {threads}")
     finally:
         child.kill()
+    # the child's own segments (named after its pid): other runs' are none of this test's
+    assert ring_module.RingControl(1).name(0, 0, 1).startswith(f"/tsfile-torch-{os.getpid()}-")
+
+    def left() -> set[str]:
+        return {n for n in _ours() - before if n.startswith(f"tsfile-torch-{child.pid}-")}
+
     deadline = time.monotonic() + 20  # the resource tracker cleans up after a SIGKILL
-    while _ours() - before and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert _ours() == before
+    assert not left()
 
 
 def test_a_plain_dataloader_over_our_dataset_is_untouched(small_dir, small_expected):
