@@ -72,10 +72,12 @@ def _run(directory, how: str, kind: str, tmp: Path) -> tuple[int, str, list[str]
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    deadline = time.monotonic() + 3  # workers outlive the main process for a moment
+    # workers outlive the main process for a moment: they clean up when its death reaches
+    # them (PR_SET_PDEATHSIG), possibly after the main process is reaped here
+    deadline = time.monotonic() + 3
     while time.monotonic() < deadline:
         left = sorted(os.listdir(tmp))
-        if not any(name.startswith("pymp-") for name in left):
+        if not any(name.startswith(("pymp-", "tsfile-torch-crash-")) for name in left):
             break
         time.sleep(0.2)
     return proc.returncode, err, left
