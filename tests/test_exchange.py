@@ -98,13 +98,20 @@ def _published(ex, key, fill: float) -> Block:
 
 
 def _in_child(action) -> int:
+    """Fork a child that runs ``action`` and exits 0, or 1 if it raised."""
     pid = os.fork()
     if pid == 0:  # pragma: no cover - the child
+        code = 1
         try:
             action()
+            code = 0
         finally:
-            os._exit(0)
+            os._exit(code)
     return pid
+
+
+def _exit_code(pid: int) -> int:
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
 
 
 def test_a_block_published_by_another_worker_is_served_read_only_in_its_epoch_only():
@@ -115,7 +122,7 @@ def test_a_block_published_by_another_worker_is_served_read_only_in_its_epoch_on
         assert ex.bind()
         _published(ex, key, 7.0)
 
-    os.waitpid(_in_child(publish), 0)
+    assert _exit_code(_in_child(publish)) == 0
     assert ex.bind()
     theirs = ex.acquire(key, np.float64, epoch=0)
     np.testing.assert_array_equal(theirs.values, np.full((1, 100), 7.0))
@@ -136,7 +143,7 @@ def test_slots_are_reused_only_once_no_process_holds_them():
     held[0].release()
     third = _published(ex, (0, 2, 0, 100), 2.0)
     assert float(third.values[0, 0]) == 2.0 and float(held[1].values[0, 0]) == 1.0
-    assert isinstance(ex.acquire((0, 0, 0, 100), np.float64, 0), tuple) is False  # slot gone
+    assert ex.acquire((0, 0, 0, 100), np.float64, 0) is None  # its slot went to block 2, held
 
 
 def test_a_claim_of_a_worker_that_died_is_claimed_again():
@@ -148,7 +155,7 @@ def test_a_claim_of_a_worker_that_died_is_claimed_again():
         assert ex.bind()
         assert isinstance(ex.acquire(key, np.float64, 0), tuple)
 
-    os.waitpid(_in_child(claim_and_die), 0)
+    assert _exit_code(_in_child(claim_and_die)) == 0
     start = time.monotonic()
     assert isinstance(ex.wait(key, np.float64, 0), tuple)  # taken over at once, not after WAIT_S
     assert time.monotonic() - start < exchange_module.WAIT_S / 2
@@ -204,3 +211,16 @@ def test_a_block_larger_than_a_slot_is_kept_by_its_decoder_alone():
     big = Block(np.arange(50, dtype=np.int64), np.zeros((3, 50)))
     assert ex.publish(claim, big) is big  # not shared; the claim is given back
     assert isinstance(ex.acquire((0, 0, 0, 50), np.float64, 0), tuple)
+
+
+def test_holder_columns_of_processes_that_ended_are_taken_again():
+    ex = BlockExchange.for_blocks(block_rows=10, max_fields=1, capacity=10_000, num_workers=1)
+    key = (0, 0, 0, 10)
+
+    def hold():
+        assert ex.bind()  # fails once the 16 columns are all taken by live processes
+        assert ex.acquire(key, np.float64, 0) is not None
+
+    for _ in range(20):  # more processes than columns, one after another (new workers each epoch)
+        assert _exit_code(_in_child(hold)) == 0
+    assert ex.bind()
