@@ -36,6 +36,7 @@ from multiprocessing import get_context
 
 import numpy as np
 
+from tsfile_torch.pids import alive
 from tsfile_torch.read.blockcache import Block
 
 __all__ = ["BUSY", "BlockExchange", "WAIT_S"]
@@ -104,7 +105,7 @@ class BlockExchange:
             return False
         try:
             for column, owner in enumerate(self._pids.tolist()):
-                if owner == 0 or owner == pid or not _alive(owner):
+                if owner == pid or not alive(owner):  # 0: never taken
                     self._pids[column] = pid
                     self._holders[:, column] = 0
                     self.column = column
@@ -141,7 +142,7 @@ class BlockExchange:
                     self._holders[slot, self.column] = 1
                     return self._view(slot, key, dtype)
                 pid = int(t[slot, _PID])
-                if pid != os.getpid() and _alive(pid):
+                if pid != os.getpid() and alive(pid):
                     return BUSY
                 t[slot, _PID] = os.getpid()  # its claimer died: decode it here
                 return (slot,)
@@ -164,9 +165,8 @@ class BlockExchange:
         times, values = self._arrays(slot, k, n, block.values.dtype)
         times[:] = block.times
         values[:] = block.values
-        if not self._locked():  # the values stay unpublished; the decoded block serves
-            self._abandon(slot, locked=False)
-            return block
+        if not self._locked():  # unpublished: the decoded block serves, waiters give up
+            return block  # on the claim after WAIT_S
         try:
             self._table[slot, _K] = k
             self._table[slot, _STATE] = _READY  # after the values (the lock is the fence)
@@ -177,7 +177,12 @@ class BlockExchange:
 
     def abandon(self, claim: tuple[int]) -> None:
         """Give back a claim whose decode failed (another worker then claims it)."""
-        self._abandon(claim[0], locked=self._locked())
+        if not self._locked():
+            return  # the claim stays; waiters give up on it after WAIT_S
+        try:
+            self._table[claim[0], _STATE] = _FREE
+        finally:
+            self._lock.release()
 
     def wait(self, key: tuple[int, int, int, int], dtype, epoch: int):
         """:meth:`acquire` until the block is not :data:`BUSY`; after :data:`WAIT_S` of a
@@ -210,7 +215,7 @@ class BlockExchange:
         else claimed by a worker that died, else published in this epoch; the least recently
         used first. A claim of a live worker is never taken: it may still write its values."""
         t = self._table
-        live = [c for c, p in enumerate(self._pids.tolist()) if p and _alive(p)]
+        live = [c for c, p in enumerate(self._pids.tolist()) if alive(p)]
         idle = ~self._holders[:, live].any(axis=1)  # a process that ended holds nothing
         ready = idle & (t[:, _STATE] == _READY)
         for pick in (ready & (t[:, _EPOCH] != epoch), idle & (t[:, _STATE] == _FREE)):
@@ -218,18 +223,10 @@ class BlockExchange:
             if len(slots):
                 return int(slots[np.argmin(t[slots, _USED])])
         for s in np.flatnonzero(idle & (t[:, _STATE] == _CLAIMED)):
-            if not _alive(int(t[s, _PID])):
+            if not alive(int(t[s, _PID])):
                 return int(s)
         slots = np.flatnonzero(ready)
         return int(slots[np.argmin(t[slots, _USED])]) if len(slots) else None
-
-    def _abandon(self, slot: int, locked: bool) -> None:
-        if not locked:
-            return  # the claim stays; waiters give up on it after WAIT_S
-        try:
-            self._table[slot, _STATE] = _FREE
-        finally:
-            self._lock.release()
 
     def _release(self, slot: int) -> None:
         """This worker no longer reads ``slot`` (its cache dropped the block)."""
@@ -258,17 +255,6 @@ class BlockExchange:
 
     def __getstate__(self):
         raise TypeError("a BlockExchange reaches fork workers only (anonymous shared memory)")
-
-
-def _alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (a zombie counts as gone only once reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def exchange_blocks(reader, needs) -> None:
