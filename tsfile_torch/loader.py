@@ -493,8 +493,8 @@ def make_loader(
         if method == "fork":
             for core in spec.cores:  # Note: shared memory store in tsfile_torch.read.memory
                 share_store(core)
-                if spec.gathers:  # Note: block exchange in tsfile_torch.read.exchange
-                    share_blocks(core, num_workers)
+                if spec.gather_block:  # Note: block exchange in tsfile_torch.read.exchange
+                    share_blocks(core, num_workers, *spec.gather_block)
         ring = RingControl(num_workers)  # Note: ring in tsfile_torch.data.handover
         kwargs["collate_fn"] = RingCollate(kwargs.get("collate_fn") or tud.default_convert)
         kwargs["worker_init_fn"] = functools.partial(

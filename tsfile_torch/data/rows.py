@@ -242,7 +242,9 @@ class _Rows(View):
             epoch_sums=lambda: self.checks_epoch_sums,
             slots=self.core.slots,
             main_pass=self.main_pass if isinstance(self, tud.IterableDataset) else None,
-            gathers=self.spec.order == "shuffle",
+            gather_block=(self.block_rows, max(len(g.columns) for g in self.catalog.groups))
+            if self.spec.order == "shuffle"
+            else None,
         )
 
     @property

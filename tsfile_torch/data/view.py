@@ -145,9 +145,10 @@ class LoaderSpec:
     epoch_sums: Callable[[], bool] | None = None
     slots: Any = field(default=None)
     main_pass: Callable[[int, int], tuple[int, Any]] | None = None
-    #: its batches gather rows from many blocks (shuffled rows): fork workers of a streaming
-    #: loader share what they decode (Note: block exchange in tsfile_torch.read.exchange)
-    gathers: bool = False
+    #: its batches gather from many blocks (shuffled rows or windows): (rows, values per row)
+    #: of the largest such block, for fork workers of a streaming loader to share what they
+    #: decode (Note: block exchange in tsfile_torch.read.exchange); None: they do not
+    gather_block: tuple[int, int] | None = None
 
 
 class View:

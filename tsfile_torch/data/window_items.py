@@ -157,10 +157,11 @@ class WindowItems:
         return WindowBatch(tuple(parts), tuple(keys))
 
 
-def window_loader_spec(view, cores: list, slots) -> LoaderSpec:
+def window_loader_spec(view, cores: list, slots, gather_block=None) -> LoaderSpec:
     """Return the loader spec of a view of windows (a window dataset, a mixture): single
     windows batched by the loader through :func:`collate_windows`; a batch kept in the disk
-    cache by a worker is gathered again here, in the main process (Note: hand-over)."""
+    cache by a worker is gathered again here, in the main process (Note: hand-over).
+    ``gather_block``: :attr:`LoaderSpec.gather_block`."""
     return LoaderSpec(
         windows=True,
         iterable=False,
@@ -169,6 +170,7 @@ def window_loader_spec(view, cores: list, slots) -> LoaderSpec:
         serve=lambda kept: collate_windows(view.__getitems__(*kept.request)),
         collate_fn=collate_windows,
         slots=slots,
+        gather_block=gather_block,
     )
 
 

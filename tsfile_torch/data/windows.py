@@ -47,7 +47,7 @@ from tsfile_torch.data.window_spec import WindowSpec
 from tsfile_torch.errors import SchemaError
 from tsfile_torch.options import ReadOptions, to_timestamp
 from tsfile_torch.read.blockcache import Block
-from tsfile_torch.read.core import ReadingCore
+from tsfile_torch.read.core import ReadingCore, share_finalized_blocks
 from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
 from tsfile_torch.sampling.passes import Passes
@@ -362,7 +362,7 @@ class TsFileWindowDataset(View, tud.Dataset):
 
     def loader_spec(self) -> LoaderSpec:
         """Windows are batched by the loader (``batch_size`` windows) through collate_windows."""
-        return window_loader_spec(self, [self.core], self.core.slots)
+        return window_loader_spec(self, [self.core], self.core.slots, _gather_block(self))
 
     # -- blocks -----------------------------------------------------------------------------
     def _nulls_hint(self) -> str | None:
@@ -376,11 +376,7 @@ class TsFileWindowDataset(View, tud.Dataset):
 
     def _block(self, k: int, b: int) -> Block:
         """Return block ``b`` of device ``k`` with its windows' tails (Note: window blocks)."""
-        lo = b * self.block_rows
-        hi = lo + self.block_rows + self.context_length + self.horizon - 1
-        hi = min(hi, self.core.tables[k].num_rows)
-        annotate = self._time_features if self.time_features else None
-        return self.core.block(k, lo, hi, annotate)
+        return self.core.block(k, *_block_span(self, k, b), _annotate(self))
 
     def _time_features(self, times: np.ndarray) -> np.ndarray:
         return time_features(times, self.time_features, self.options.time_unit)
@@ -414,6 +410,26 @@ class TsFileWindowDataset(View, tud.Dataset):
             f"stride={self.stride}, columns={self.columns_x}, targets={self.targets}, "
             f"order={self.order_spec.order!r})"
         )
+
+
+def _block_span(ds, k: int, b: int) -> tuple[int, int]:
+    """Rows ``[lo, hi)`` of block ``b`` of device ``k``: its rows and its windows' tails."""
+    lo = b * ds.block_rows
+    hi = lo + ds.block_rows + ds.context_length + ds.horizon - 1
+    return lo, min(hi, ds.core.tables[k].num_rows)
+
+
+def _annotate(ds):
+    """What computes a block's features (its windows' time features), or None."""
+    return ds._time_features if ds.time_features else None
+
+
+def _gather_block(ds) -> tuple[int, int] | None:
+    """The largest block a shuffled batch gathers from, for the workers to share
+    (:attr:`LoaderSpec.gather_block`); None in other orders (a worker's own blocks)."""
+    if ds.order_spec.order != "shuffle":
+        return None
+    return ds.block_rows + ds.context_length + ds.horizon - 1, ds.core.width
 
 
 def _gather(ds, indices: Sequence[int], hand_over: bool = False):
@@ -453,6 +469,10 @@ def _gather(ds, indices: Sequence[int], hand_over: bool = False):
     # cached blocks first: decoding a missing block then evicts blocks this batch is done
     # with, never one it still needs (else a batch spanning two shuffle groups thrashes)
     cache, rows = core.block_cache(), ds.block_rows
+    # through fork workers, blocks another worker decoded are taken (Note: block exchange)
+    spans = [(int(k[m[0]]), int(first_block[m[0]])) for m in groups]
+    wanted = [(dk, *_block_span(ds, dk, b)) for dk, b in spans]
+    share_finalized_blocks(core, wanted, _annotate(ds))
     groups.sort(key=lambda m: (int(k[m[0]]), int(first_block[m[0]]) * rows) not in cache)
     # time features are computed once per block, as it is decoded, and gathered like the
     # values: a row is in about (context_length + horizon) / stride windows

@@ -55,7 +55,7 @@ from tsfile_torch.options import ReadOptions
 from tsfile_torch.read import diskcache
 from tsfile_torch.read.align import Alignment, timelines_of
 from tsfile_torch.read.blockcache import Block, BlockCache
-from tsfile_torch.read.exchange import BlockExchange
+from tsfile_torch.read.exchange import BlockExchange, fill_cache
 from tsfile_torch.read.memory import MemoryStore
 from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS, BatchReader, default_cache_bytes
 from tsfile_torch.read.stats import series_stats
@@ -399,10 +399,7 @@ class ReadingCore:
         cache = self.block_cache()
         block = cache.get((table, lo))
         if block is None:
-            values, times = self.rows(table, lo, hi)
-            block = Block(times, values.astype(self.dtype, copy=False))
-            if annotate is not None:
-                block.features = annotate(times)
+            block = _finalized(self, table, lo, hi, annotate)
             cache.put((table, lo), block)
         return block
 
@@ -535,20 +532,53 @@ def share_store(core: ReadingCore) -> None:
         core._shared = shared
 
 
-def share_blocks(core: ReadingCore, num_workers: int) -> None:
+def share_blocks(core: ReadingCore, num_workers: int, rows: int, fields: int) -> None:
     """Give ``num_workers`` fork workers of a streaming core one exchange of decoded blocks
-    (Note: block exchange in :mod:`tsfile_torch.read.exchange`), once, before they start: for
-    views whose batches gather from many blocks (shuffled rows)."""
+    of up to ``rows`` x ``fields`` values (Note: block exchange in
+    :mod:`tsfile_torch.read.exchange`), once, before they start: for views whose batches
+    gather from many blocks (shuffled rows: the reader's blocks; shuffled windows: the
+    finalized blocks of :meth:`ReadingCore.block`)."""
     o = core.options
     if o.cache != "none" or num_workers < 2 or o.cache_bytes == 0 or core._exchange is not None:
         return  # one per core: the processes of every loader over it take columns of their own
-    groups = core.catalog.groups
     capacity = o.cache_bytes
     if capacity is None:
         capacity = default_cache_bytes(core.catalog, 8, core.block_rows)
-    rows = min(core.block_rows, max(g.num_rows for g in groups))
-    fields = max(len(g.columns) for g in groups)
+    rows = min(rows, max(core.table_sizes))
     core._exchange = BlockExchange.for_blocks(rows, fields, capacity, num_workers)
+
+
+def _finalized(core: ReadingCore, table: int, lo: int, hi: int, annotate=None) -> Block:
+    """Rows ``[lo, hi)`` of ``table`` as handed out, as a :class:`Block` (with
+    ``annotate(times)`` as its features): what :meth:`ReadingCore.block` keeps."""
+    values, times = core.rows(table, lo, hi)
+    block = Block(times, values.astype(core.dtype, copy=False))
+    if annotate is not None:
+        block.features = annotate(times)
+    return block
+
+
+def share_finalized_blocks(core: ReadingCore, wanted, annotate=None) -> None:
+    """Get the blocks of :meth:`ReadingCore.block` a gather is about to read, ``wanted`` as
+    ``(table, lo, hi)``, into this process's block cache through the fork workers' block
+    exchange (Note: block exchange in :mod:`tsfile_torch.read.exchange`): what another
+    worker decoded is taken, the rest is decoded here for both. Nothing happens without an
+    exchange (0 workers, spawn workers, a cache that keeps rows) or outside a worker."""
+    exchange = core._exchange
+    if exchange is None or worker_id() is None or not exchange.bind():
+        return
+    cache = core.block_cache()
+    row_bytes = core.width * np.dtype(core.dtype).itemsize + 8
+    items = [((t, lo), (t, -1, lo, hi), (hi - lo) * row_bytes) for t, lo, hi in wanted]
+
+    def decode(key):  # the features follow (prepare), on the block each process keeps
+        return _finalized(core, key[0], key[2], key[3])
+
+    def prepare(block):
+        block.features = annotate(block.times)
+
+    extras = None if annotate is None else prepare
+    fill_cache(exchange, cache, core.reader.pass_epoch, core.dtype, items, decode, extras)
 
 
 def _attach_worker(core: ReadingCore, reader: BatchReader) -> None:

@@ -10,7 +10,11 @@ a table saying which block each slot holds. A worker that misses a block in its 
 claims it, decodes it, copies it into the slot and publishes it; the others take it from
 there instead of decoding it again, so the workers together decode each block of an epoch
 about once, in parallel (claims are first come, first served: each worker decodes the blocks
-nobody claimed yet, then waits for the rest).
+nobody claimed yet, then waits for the rest). Shuffled windows are the same: a batch gathers
+from the finalized blocks (:meth:`~tsfile_torch.read.core.ReadingCore.block`) of every device
+in its buffer; their workers share those (:func:`~tsfile_torch.read.core.share_finalized_blocks`).
+One mechanism, :func:`fill_cache`, serves both: a view says which blocks a gather touches and
+how one is decoded (:attr:`~tsfile_torch.data.view.LoaderSpec.gather_block`: the largest).
 
 Guarantees:
 - **Streaming stays streaming**: a slot serves only the epoch it was decoded in; the next
@@ -39,7 +43,7 @@ import numpy as np
 from tsfile_torch.pids import alive
 from tsfile_torch.read.blockcache import Block
 
-__all__ = ["BUSY", "BlockExchange", "WAIT_S"]
+__all__ = ["BUSY", "BlockExchange", "WAIT_S", "fill_cache"]
 
 #: seconds a worker waits for a block another worker claimed (or for the exchange's lock)
 #: before decoding it itself: far above a block's decode (~30 ms for 131,072 rows x 8 fields)
@@ -49,7 +53,8 @@ MAX_SLOTS = 1024
 _POLL_S = 0.0005  # sleep between looks at a claimed block
 
 # columns of the slot table
-_GROUP, _BLOCK, _LO, _HI, _STATE, _EPOCH, _PID, _K, _USED = range(9)
+_GROUP, _BLOCK, _LO, _HI, _STATE, _EPOCH, _PID, _D0, _D1, _USED = range(10)
+_COLUMNS = 10
 _FREE, _CLAIMED, _READY = 0, 1, 2
 
 #: :meth:`BlockExchange.acquire`'s answer for a block another live worker is decoding
@@ -72,11 +77,12 @@ class BlockExchange:
         self.slot_bytes = -(-slot_bytes // 64) * 64
         self.num_slots = num_slots
         columns = min(max(4 * num_workers, 16), 256)
-        table_bytes = num_slots * 9 * 8 + columns * 8 + num_slots * columns
+        table_bytes = num_slots * _COLUMNS * 8 + columns * 8 + num_slots * columns
         head = -(-table_bytes // mmap.PAGESIZE) * mmap.PAGESIZE
         self._map = mmap.mmap(-1, head + num_slots * self.slot_bytes)  # MAP_SHARED, zeros
-        self._table = np.frombuffer(self._map, np.int64, num_slots * 9).reshape(num_slots, 9)
-        at = num_slots * 72
+        table = np.frombuffer(self._map, np.int64, num_slots * _COLUMNS)
+        self._table = table.reshape(num_slots, _COLUMNS)
+        at = num_slots * _COLUMNS * 8
         self._pids = np.frombuffer(self._map, np.int64, columns, at)  # each column's process
         holders = np.frombuffer(self._map, np.uint8, num_slots * columns, at + columns * 8)
         self._holders = holders.reshape(num_slots, columns)
@@ -87,9 +93,9 @@ class BlockExchange:
 
     @classmethod
     def for_blocks(cls, block_rows: int, max_fields: int, capacity: int, num_workers: int):
-        """Return an exchange whose slots hold blocks of ``block_rows`` x ``max_fields``
-        values (8 bytes each at most) and timestamps, ``capacity`` bytes of them (one
-        reader's cache), or ``None`` where not even two slots fit."""
+        """Return an exchange whose slots hold blocks of ``block_rows`` rows of ``max_fields``
+        values (8 bytes each at most) and a timestamp, ``capacity`` bytes of them (one
+        process's cache), or ``None`` where not even two slots fit."""
         slot_bytes = block_rows * (max_fields * 8 + 8)
         num_slots = min(MAX_SLOTS, capacity // max(slot_bytes, 1))
         return cls(slot_bytes, num_slots, num_workers) if num_slots >= 2 else None
@@ -149,7 +155,7 @@ class BlockExchange:
             slot = self._free_slot(epoch)
             if slot is None:
                 return None
-            t[slot] = (*key, _CLAIMED, epoch, os.getpid(), 0, 0)
+            t[slot] = (*key, _CLAIMED, epoch, os.getpid(), 0, 0, 0)
             return (slot,)
         finally:
             self._lock.release()
@@ -158,17 +164,17 @@ class BlockExchange:
         """Copy ``block`` (decoded by this worker after :meth:`acquire` answered ``claim``)
         into its slot, mark it published and return the slot's copy, held by this worker."""
         (slot,) = claim
-        k, n = block.values.shape
-        if n * 8 + k * n * block.values.dtype.itemsize > self.slot_bytes:  # not made for it
+        if block.times.nbytes + block.values.nbytes > self.slot_bytes:  # not made for it
             self.abandon(claim)
             return block
-        times, values = self._arrays(slot, k, n, block.values.dtype)
+        shape = block.values.shape
+        times, values = self._arrays(slot, len(block.times), shape, block.values.dtype)
         times[:] = block.times
         values[:] = block.values
         if not self._locked():  # unpublished: the decoded block serves, waiters give up
             return block  # on the claim after WAIT_S
         try:
-            self._table[slot, _K] = k
+            self._table[slot, _D0], self._table[slot, _D1] = shape
             self._table[slot, _STATE] = _READY  # after the values (the lock is the fence)
             self._holders[slot, self.column] = 1
         finally:
@@ -238,15 +244,17 @@ class BlockExchange:
         finally:
             self._lock.release()
 
-    def _arrays(self, slot: int, k: int, n: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    def _arrays(self, slot: int, n: int, shape, dtype) -> tuple[np.ndarray, np.ndarray]:
+        """``n`` timestamps, then values of ``shape``, in ``slot``."""
         at = self._data_at + slot * self.slot_bytes
         times = np.frombuffer(self._map, np.int64, n, at)
-        values = np.frombuffer(self._map, dtype, k * n, at + n * 8).reshape(k, n)
+        values = np.frombuffer(self._map, dtype, shape[0] * shape[1], at + n * 8).reshape(shape)
         return times, values
 
     def _view(self, slot: int, key, dtype) -> Block:
         """The published block in ``slot`` (lock held), read-only."""
-        times, values = self._arrays(slot, int(self._table[slot, _K]), key[3] - key[2], dtype)
+        shape = (int(self._table[slot, _D0]), int(self._table[slot, _D1]))
+        times, values = self._arrays(slot, key[3] - key[2], shape, dtype)
         times.flags.writeable = values.flags.writeable = False
         return self._block(slot, times, values)
 
@@ -257,42 +265,46 @@ class BlockExchange:
         raise TypeError("a BlockExchange reaches fork workers only (anonymous shared memory)")
 
 
-def exchange_blocks(reader, needs) -> None:
-    """Put the blocks of ``needs`` (``(group, block, need_lo, need_hi, lo, hi)``, what a gather
-    touches) that ``reader``'s cache lacks into it through its exchange (Note: block
-    exchange): published ones are taken, unclaimed ones claimed and decoded here, and those
-    another worker is decoding waited for last. Blocks the exchange cannot give are left to
-    the gather, which decodes them as without workers."""
-    ex, cache, epoch = reader.exchange, reader.cache, reader.pass_epoch
-    waiting, seen = [], set()
-    for gi, b, need_lo, need_hi, lo, hi in needs:
-        if (gi, b) in cache or (gi, b) in seen or need_lo < lo or need_hi > hi:
-            continue  # rows outside set_range are read exactly, as the gather does
-        seen.add((gi, b))
-        key = (gi, b, lo, hi)
-        got = ex.acquire(key, reader.dtype, epoch)
+def fill_cache(exchange, cache, epoch: int, dtype, wanted, decode, prepare=None) -> None:
+    """Put the blocks of ``wanted`` that ``cache`` lacks into it through ``exchange`` (Note:
+    block exchange): published ones are taken, unclaimed ones claimed and decoded here
+    (``decode(key) -> Block``), and those another worker is decoding waited for last.
+
+    ``wanted``: ``(cache key, exchange key, nbytes)`` of each block a gather touches, the
+    exchange key ``(table or group, block, lo, hi)``; ``prepare(block)`` runs on each block
+    put into the cache (a view's per-block extras). When the missing ones would not fit the
+    cache together (they would evict each other before the gather), none is taken; blocks
+    the exchange cannot give are left to the gather, which decodes them as without workers.
+    """
+    missing = {c: (key, n) for c, key, n in wanted if c not in cache}
+    if sum(n for _, n in missing.values()) > cache.capacity:
+        return
+    waiting = []
+    for c, (key, _) in missing.items():
+        got = exchange.acquire(key, dtype, epoch)
         if got is BUSY:
-            waiting.append(key)
+            waiting.append((c, key))
         else:
-            _keep(reader, key, got)
-    for key in waiting:
-        _keep(reader, key, ex.wait(key, reader.dtype, epoch))
+            _keep(exchange, cache, c, key, got, decode, prepare)
+    for c, key in waiting:
+        _keep(exchange, cache, c, key, exchange.wait(key, dtype, epoch), decode, prepare)
 
 
-def _keep(reader, key: tuple[int, int, int, int], got) -> None:
-    """Put what :meth:`BlockExchange.acquire` gave for ``key`` into ``reader``'s cache."""
+def _keep(exchange, cache, c, key, got, decode, prepare) -> None:
+    """Put what :meth:`BlockExchange.acquire` gave for ``key`` into ``cache`` as ``c``."""
     if got is None:
         return
-    gi, b, lo, hi = key
     if isinstance(got, tuple):  # claimed: decode it here, for every worker
         try:
-            block = reader.decoder.decode(reader.decoder.plan(gi, lo, hi))
+            block = decode(key)
         except BaseException:
-            reader.exchange.abandon(got)
+            exchange.abandon(got)
             raise
-        got = reader.exchange.publish(got, block)
+        got = exchange.publish(got, block)
         if got is not block:
-            reader.cache.recycle(block)
-    reader.cache.put((gi, b), got)
-    if (gi, b) not in reader.cache:  # larger than the whole cache: not kept
-        reader.cache.recycle(got)
+            cache.recycle(block)  # its buffers, for the next decode
+    if prepare is not None:
+        prepare(got)
+    cache.put(c, got)
+    if c not in cache:  # larger than the whole cache: not kept
+        cache.recycle(got)

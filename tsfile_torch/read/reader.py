@@ -32,7 +32,7 @@ from tsfile_torch.integrity.checks import StatisticsCheck
 from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.decode import GroupDecoder, misaligned
-from tsfile_torch.read.exchange import exchange_blocks
+from tsfile_torch.read.exchange import fill_cache
 from tsfile_torch.read.openfiles import OpenFiles
 from tsfile_torch.read.readahead import FIRST_BLOCK_ROWS, ReadAhead
 from tsfile_torch.read.readahead import local_rows as _local_rows
@@ -515,10 +515,19 @@ def _fetch_blocks(reader: BatchReader, view: RowView, runs: dict) -> None:
         for b, a, z in parts:  # the rows a run needs: outside set_range, no prefetch
             need = (int(local[a]), int(local[z - 1]) + 1)
             needs.append((gi, b, *need, *reader._block_rows_of(view.groups[gi], b)))
-    if reader.exchange is not None:
-        exchange_blocks(reader, needs)
-    else:
+    if reader.exchange is None:
         reader.ahead.prefetch_blocks(needs)
+        return
+    wanted, itemsize = [], reader.dtype.itemsize
+    for gi, b, need_lo, need_hi, lo, hi in needs:
+        if lo <= need_lo and need_hi <= hi:  # else read exactly, as the gather does
+            row_bytes = len(reader.catalog.groups[gi].columns) * itemsize + 8
+            wanted.append(((gi, b), (gi, b, lo, hi), (hi - lo) * row_bytes))
+
+    def decode(key):
+        return reader.decoder.decode(reader.decoder.plan(key[0], key[2], key[3]))
+
+    fill_cache(reader.exchange, reader.cache, reader.pass_epoch, reader.dtype, wanted, decode)
 
 
 def _runs(view: RowView, groups, ordered: np.ndarray, block_rows: int) -> dict:
