@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, make_loader
+from tsfile_torch import MixedWindows, TsFileIterableDataset, TsFileWindowDataset, make_loader
 from tsfile_torch.read import core as core_module
 from tsfile_torch.read import exchange as exchange_module
 from tsfile_torch.read.blockcache import Block
@@ -91,12 +91,11 @@ def test_two_loaders_over_one_dataset_take_slots_of_their_own(small_dir, small_e
             np.testing.assert_array_equal(values.numpy(), want)
 
 
-@pytest.mark.parametrize("items", ["tuples", "dicts"])
-def test_shuffled_windows_through_workers_decode_each_block_once_and_are_exact(
-    tmp_path, monkeypatch, ragged_panel, items
-):
-    # each batch of shuffled windows gathers from the three devices' blocks (one shuffle
-    # buffer): without the exchange both workers decode all three
+@pytest.fixture
+def finalized_decodes(tmp_path, monkeypatch):
+    """Rows of finalized blocks (ReadingCore.block) each process decodes: a function
+    returning them per process, for what was read since the last call."""
+
     def counted(core, table, lo, hi, annotate=None):
         with open(tmp_path / f"decodes-{os.getpid()}", "a") as fh:
             fh.write(f"{hi - lo}\n")
@@ -104,20 +103,58 @@ def test_shuffled_windows_through_workers_decode_each_block_once_and_are_exact(
 
     finalized = core_module._finalized
     monkeypatch.setattr(core_module, "_finalized", counted)  # the fork workers' too
-    extra = {"return_dict": True, "time_features": ["hour_of_day"]} if items == "dicts" else {}
 
+    def decodes() -> list[int]:
+        paths = list(tmp_path.glob("decodes-*"))
+        out = [sum(map(int, p.read_text().split())) for p in paths]
+        for path in paths:
+            path.unlink()
+        return out
+
+    return decodes
+
+
+@pytest.mark.parametrize(
+    "order",
+    [
+        {"shuffle": True},
+        {"shuffle": True, "return_dict": True, "time_features": ["hour_of_day"]},
+        {"order": "random", "num_samples": 300},
+        {"order": "batches"},
+    ],
+)
+def test_windows_through_workers_decode_each_block_once_and_are_exact(
+    ragged_panel, finalized_decodes, order
+):
+    # each batch gathers windows from the three devices' blocks: without the exchange both
+    # workers decode all three
     def windows():
-        return TsFileWindowDataset(ragged_panel, 24, 8, stride=4, shuffle=True, seed=3, **extra)
+        return TsFileWindowDataset(ragged_panel, 24, 8, stride=4, seed=3, **order)
 
     want = list(make_loader(windows(), batch_size=32))  # 0 workers: the reference
-    for path in tmp_path.glob("decodes-*"):
-        path.unlink()
+    finalized_decodes()
     got = list(make_loader(windows(), batch_size=32, num_workers=2, multiprocessing_context="fork"))
-    # the same windows, each once, every field bit for bit (in another order: 2 workers
+    # the same windows, each as often, every field bit for bit (in another order: 2 workers
     # deliver their runs in turn)
     assert _windows(got) == _windows(want)
-    decoded = [sum(map(int, p.read_text().split())) for p in tmp_path.glob("decodes-*")]
     # each block once, by whichever worker claimed it first (the main process decodes none)
+    decoded = finalized_decodes()
+    assert 1 <= len(decoded) <= 2 and sum(decoded) == 900 + 400 + 650, decoded
+
+
+def test_a_mixture_through_workers_decodes_each_block_once(ragged_panel, finalized_decodes):
+    def mixture():
+        parts = [
+            TsFileWindowDataset(ragged_panel, 24, 8, stride=4, devices=devices)
+            for devices in (["meters.s0"], ["meters.s1", "meters.s2"])
+        ]
+        return MixedWindows(parts, [1.0, 2.0], num_samples=400, seed=5)
+
+    want = list(make_loader(mixture(), batch_size=32))
+    finalized_decodes()
+    got = list(make_loader(mixture(), batch_size=32, num_workers=2, multiprocessing_context="fork"))
+    assert _windows(got) == _windows(want)
+    decoded = finalized_decodes()
     assert 1 <= len(decoded) <= 2 and sum(decoded) == 900 + 400 + 650, decoded
 
 

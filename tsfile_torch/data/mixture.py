@@ -19,7 +19,7 @@ import torch.utils.data as tud
 
 from tsfile_torch.data.view import KeptBatch, LoaderSpec, View, data_fingerprint, resolve_rank
 from tsfile_torch.data.window_items import WindowBatch, window_loader_spec
-from tsfile_torch.data.windows import TsFileWindowDataset
+from tsfile_torch.data.windows import TsFileWindowDataset, window_block
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.sampling.orders import OrderSpec
 from tsfile_torch.sampling.passes import Passes
@@ -198,7 +198,10 @@ class MixedWindows(View, tud.Dataset):
 
     def loader_spec(self) -> LoaderSpec:
         """Windows batched by the loader, read by each dataset's core (Note: hand-over)."""
-        return window_loader_spec(self, [d.core for d in self.datasets], self.slots)
+        # random draws from every dataset: each batch gathers from blocks all over them
+        blocks = [window_block(d) for d in self.datasets]
+        largest = (max(r for r, _ in blocks), max(w for _, w in blocks))
+        return window_loader_spec(self, [d.core for d in self.datasets], self.slots, largest)
 
     def __getstate__(self):
         out = super().__getstate__()

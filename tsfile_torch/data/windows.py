@@ -362,7 +362,7 @@ class TsFileWindowDataset(View, tud.Dataset):
 
     def loader_spec(self) -> LoaderSpec:
         """Windows are batched by the loader (``batch_size`` windows) through collate_windows."""
-        return window_loader_spec(self, [self.core], self.core.slots, _gather_block(self))
+        return window_loader_spec(self, [self.core], self.core.slots, gather_block(self))
 
     # -- blocks -----------------------------------------------------------------------------
     def _nulls_hint(self) -> str | None:
@@ -424,11 +424,17 @@ def _annotate(ds):
     return ds._time_features if ds.time_features else None
 
 
-def _gather_block(ds) -> tuple[int, int] | None:
-    """The largest block a shuffled batch gathers from, for the workers to share
-    (:attr:`LoaderSpec.gather_block`); None in other orders (a worker's own blocks)."""
-    if ds.order_spec.order != "shuffle":
-        return None
+def gather_block(ds) -> tuple[int, int] | None:
+    """The largest block a batch of ``ds`` gathers from, for fork workers to share
+    (:attr:`LoaderSpec.gather_block`): in every order but ``"sequential"`` a batch gathers
+    windows from blocks all over its buffer or the data, so without sharing each worker
+    decodes all of them; a sequential worker reads a stretch of its own (None)."""
+    return None if ds.order_spec.order == "sequential" else window_block(ds)
+
+
+def window_block(ds) -> tuple[int, int]:
+    """(rows, values per row) of the largest block of ``ds``: ``block_rows`` and the
+    windows' tails (Note: window blocks), every field of a device."""
     return ds.block_rows + ds.context_length + ds.horizon - 1, ds.core.width
 
 
