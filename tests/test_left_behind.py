@@ -83,6 +83,21 @@ def _run(directory, how: str, kind: str, tmp: Path) -> tuple[int, str, list[str]
     return proc.returncode, err, left
 
 
+def _workers_of(left: list[str]) -> dict[int, object]:
+    """For a failure message: whether each worker whose crash report is left still runs, and
+    where its threads wait (a slow clean-up, or one that never ran)."""
+    out: dict[int, object] = {}
+    for name in left:
+        if name.startswith("tsfile-torch-crash-"):
+            pid = int(name.rsplit("-", 1)[1].split(".")[0])
+            task = Path(f"/proc/{pid}/task")
+            try:
+                out[pid] = [(t.name, (t / "wchan").read_text()) for t in task.iterdir()]
+            except OSError:
+                out[pid] = "gone"
+    return out
+
+
 def _kinds(left: list[str]) -> dict[str, int]:
     out: dict[str, int] = {}
     for name in left:
@@ -103,7 +118,7 @@ def test_a_main_process_ended_mid_epoch_leaves_nothing_a_plain_dataloader_would_
     expected_code = {"SIGTERM": -15, "SIGTERM itself": -15, "abandoned at exit": 0}
     assert code == expected_code.get(how, -2)  # ended as that signal ends a process
     ours = _kinds(left)
-    assert "crash report" not in ours, left
+    assert "crash report" not in ours, (left, _workers_of(left))
     assert ours.get("pymp", 0) <= _kinds(plain).get("pymp", 0), (left, plain)
     assert set(ours) <= {"pymp"}, left
     if how == "abandoned at exit":  # an iterator dropped at interpreter exit: silent
