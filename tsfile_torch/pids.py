@@ -1,10 +1,17 @@
-"""Whether a process runs: the one liveness check (epoch claims, crash reports, downloads)."""
+"""Process lifetimes: the one liveness check (epoch claims, crash reports, downloads), and the
+few statements a worker's ending waits for (:func:`ending_deferred`)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import threading
+from collections.abc import Callable, Iterator
 
-__all__ = ["alive"]
+__all__ = ["alive", "end_now_or_after", "ending_deferred"]
+
+_deferred = 0  # ending_deferred blocks running in the main thread
+_pending: Callable[[], None] | None = None  # the ending they hold off
 
 
 def alive(pid: int) -> bool:
@@ -24,3 +31,33 @@ def alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@contextlib.contextmanager
+def ending_deferred() -> Iterator[None]:
+    """Run the block whole even when the process is asked to end meanwhile: an ending asked
+    through :func:`end_now_or_after` inside it (a worker's SIGTERM clean-up, Note: nothing left
+    behind in :mod:`tsfile_torch.process`) runs at its end. For steps another process relies on
+    seeing together (a ring segment made and announced: the main process unlinks what it was
+    told of). Main thread only, where Python runs signal handlers; elsewhere it does nothing."""
+    global _deferred, _pending
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    _deferred += 1
+    try:
+        yield
+    finally:
+        _deferred -= 1
+        if not _deferred and _pending is not None:
+            end, _pending = _pending, None
+            end()
+
+
+def end_now_or_after(end: Callable[[], None]) -> None:
+    """Call ``end`` now, or when the outermost :func:`ending_deferred` block running ends."""
+    global _pending
+    if _deferred:
+        _pending = end
+    else:
+        end()

@@ -59,6 +59,7 @@ from tsfile_torch.integrity.reports import (
     remove_stale_reports,
 )
 from tsfile_torch.native import forkfix, malloc
+from tsfile_torch.pids import end_now_or_after
 
 __all__ = [
     "EFFECTS",
@@ -324,9 +325,12 @@ def _end_cleanly_on_sigterm() -> None:
     runs those two clean-ups (nothing that can block: no queue is joined) and then ends the
     worker as SIGTERM would. The Python handler runs in the main thread between bytecodes; a
     main thread inside a native call (a stuck read) is covered by a thread woken through
-    ``signal.set_wakeup_fd``, which the C-level handler writes at once.
+    ``signal.set_wakeup_fd``, which the C-level handler writes at once. A SIGTERM that lands in
+    steps the main process must see together (a ring segment made and announced) waits for
+    their end (:func:`tsfile_torch.pids.ending_deferred`; the woken thread still ends the worker
+    after a second).
     """
-    signal.signal(signal.SIGTERM, lambda signum, frame: _end_terminated())
+    signal.signal(signal.SIGTERM, lambda signum, frame: end_now_or_after(_end_terminated))
     try:
         wake_read, wake_write = os.pipe()
         os.set_blocking(wake_write, False)

@@ -30,6 +30,8 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
+from tsfile_torch.pids import ending_deferred
+
 __all__ = ["RING_SLOTS", "WorkerRing", "as_tensor", "batch_array", "batch_arrays", "worker_ring"]
 
 #: Slots per worker ring: a worker's batches in flight (``prefetch_factor``, more when other
@@ -87,11 +89,14 @@ class WorkerRing:
             return None
         gen = gens[self.base + renew] + 1
         size = max(-(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE, mmap.PAGESIZE)
-        segment = self.control.create(self.worker, renew, gen, size)
-        if segment is None:
-            return None
+        # made and announced as one step: the main process unlinks the segments it was told of
+        # (a worker ended between the two left one to the resource tracker, which warns)
+        with ending_deferred():
+            segment = self.control.create(self.worker, renew, gen, size)
+            if segment is None:
+                return None
+            gens[self.base + renew] = gen
         self.maps[renew] = (gen, segment, np.frombuffer(segment, dtype=np.uint8))
-        gens[self.base + renew] = gen
         states[self.base + renew] = BUSY
         self.eras[renew] = era
         self.pending.append(renew)
