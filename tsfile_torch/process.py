@@ -342,24 +342,38 @@ def _end_cleanly_on_sigterm() -> None:
         while True:
             if signal.SIGTERM in os.read(wake_read, 64):
                 threading.Event().wait(1.0)  # the handler ends a main thread running Python
-                _end_terminated(from_thread=True)
+                _end_terminated()
 
     threading.Thread(target=wait, name="tsfile-torch-sigterm", daemon=True).start()
 
 
-def _end_terminated(from_thread: bool = False) -> None:
+_ending = threading.Lock()  # held by the one call of _end_terminated that ends this worker
+
+
+def _end_terminated() -> None:
     """Remove what this worker made (its crash report, its multiprocessing temporary directory:
-    the clean-ups of a normal exit that cannot block), then end as SIGTERM ends a process."""
+    the clean-ups of a normal exit that cannot block), then end as SIGTERM ends a process.
+
+    Called once per ending: a second SIGTERM (the parent's death and the parent's own terminate
+    can both send one) runs the Python handler again *inside* the first call, between a
+    finalizer leaving multiprocessing's registry and its file being unlinked; ending the process
+    there left the crash report behind. So a nested call in the main thread returns at once and
+    the first call finishes; another thread (the wake-up thread, the parent watchdog) waits a
+    moment for a call already under way, then ends the worker itself.
+    """
     from multiprocessing import util
 
+    in_main = threading.current_thread() is threading.main_thread()
+    if not _ending.acquire(blocking=not in_main, timeout=-1 if in_main else 2.0) and in_main:
+        return
     ours = (_remove, getattr(util, "_remove_temp_dir", None))
     for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
         if getattr(finalizer, "_callback", None) in ours:
             finalizer()  # runs once: registered in this process only (cleared at fork)
-    if from_thread:  # signal.signal is for the main thread only: libc's, then
-        ctypes.CDLL(None).signal(int(signal.SIGTERM), 0)  # SIG_DFL
-    else:
+    if in_main:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    else:  # signal.signal is for the main thread only: libc's, then
+        ctypes.CDLL(None).signal(int(signal.SIGTERM), 0)  # SIG_DFL
     os.kill(os.getpid(), signal.SIGTERM)
 
 
