@@ -233,3 +233,47 @@ def test_no_class_of_the_package_is_over_350_lines():
             if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > 350:
                 long.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1})")
     assert not long, long
+
+
+class _ThreadsPerWorker:
+    """A map-style dataset whose items are the decode threads a reader would get where the item
+    is made: in a real DataLoader worker, through torch's worker info."""
+
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, i):
+        from tsfile_torch.options import ReadOptions
+        from tsfile_torch.read import core
+
+        return core.decode_threads(ReadOptions())
+
+
+@pytest.mark.parametrize(
+    ("cpus", "workers", "threads"),
+    [(16, 0, 4), (16, 2, 4), (16, 8, 2), (16, 16, 1), (2, 0, 2), (2, 2, 1), (3, 2, 1)],
+)
+def test_decode_threads_split_the_usable_cpus_among_the_workers(
+    monkeypatch, cpus, workers, threads
+):
+    import torch.utils.data as tud
+
+    from tsfile_torch.read import core
+
+    monkeypatch.setattr(core, "usable_cpus", lambda: cpus)  # fork workers inherit it
+    loader = tud.DataLoader(
+        _ThreadsPerWorker(),
+        batch_size=None,
+        num_workers=workers,
+        multiprocessing_context="fork" if workers else None,
+    )
+    assert list(loader) == [threads] * 4
+
+
+def test_decode_threads_asked_for_are_kept_in_workers_too(monkeypatch):
+    from tsfile_torch.options import ReadOptions
+    from tsfile_torch.read import core
+
+    monkeypatch.setattr(core, "worker_id", lambda: (0, 8))
+    assert core.decode_threads(ReadOptions(decode_threads=3)) == 3
+    assert core.usable_cpus() >= 1

@@ -244,7 +244,9 @@ class ReadOptions:
         malloc_tuning: keep glibc from returning decode buffers to the OS in reading processes
             (see :mod:`tsfile_torch.process`).
         decode_threads: threads decoding different files at once in a reading process;
-            ``None``: up to 4 with ``num_workers=0``, 1 inside DataLoader workers.
+            ``None``: the usable CPUs split among the reading processes, at most 4 each (up to
+            4 with ``num_workers=0``; ``cpus // num_workers`` in each DataLoader worker, so 1
+            on a machine with no more CPUs than workers).
     """
 
     read_backend: str = "auto"

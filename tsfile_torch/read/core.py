@@ -638,14 +638,24 @@ def _taken(values: np.ndarray, times: np.ndarray, at: np.ndarray, out=None):
     return out
 
 
+def usable_cpus() -> int:
+    """Return the CPUs this process may run on (its affinity where the OS says, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1
+
+
 def decode_threads(options: ReadOptions) -> int:
-    """Return the native decode threads of a reader: as asked, else 1 in a DataLoader worker
-    (the workers are the parallelism), else up to 4."""
+    """Return the native decode threads of a reader: as asked, else the usable CPUs split among
+    the reading processes, at most 4 each: up to 4 with ``num_workers=0``, ``cpus // N`` in each
+    of N DataLoader workers (1 where there are no more CPUs than workers). One thread per worker
+    left 2 workers on 16 cores 1.16x slower than 0 workers, which decode on 4 threads
+    (``benchmarks/RESULTS.md``, 16 cores)."""
     if options.decode_threads is not None:
         return options.decode_threads
-    if worker_id() is not None:
-        return 1
-    return max(1, min(4, os.cpu_count() or 1))
+    worker = worker_id()
+    processes = 1 if worker is None else max(1, worker[1])
+    return max(1, min(4, usable_cpus() // processes))
 
 
 def make_table(
