@@ -270,6 +270,21 @@ def test_decode_threads_split_the_usable_cpus_among_the_workers(
     assert list(loader) == [threads] * 4
 
 
+@pytest.mark.parametrize(
+    ("local_ranks", "workers", "threads"), [("4", 0, 4), ("4", 2, 2), ("8", 2, 1), ("x", 2, 4)]
+)
+def test_decode_threads_split_the_cpus_among_the_ranks_on_the_machine_too(
+    monkeypatch, local_ranks, workers, threads
+):
+    from tsfile_torch.options import ReadOptions
+    from tsfile_torch.read import core
+
+    monkeypatch.setattr(core, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(core, "worker_id", lambda: (0, workers) if workers else None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)  # as torchrun sets it
+    assert core.decode_threads(ReadOptions()) == threads
+
+
 def test_decode_threads_asked_for_are_kept_in_workers_too(monkeypatch):
     from tsfile_torch.options import ReadOptions
     from tsfile_torch.read import core

@@ -246,7 +246,8 @@ class ReadOptions:
         decode_threads: threads decoding different files at once in a reading process;
             ``None``: the usable CPUs split among the reading processes, at most 4 each (up to
             4 with ``num_workers=0``; ``cpus // num_workers`` in each DataLoader worker, so 1
-            on a machine with no more CPUs than workers).
+            on a machine with no more CPUs than workers; divided again by torchrun's
+            ``LOCAL_WORLD_SIZE`` ranks on the machine).
     """
 
     read_backend: str = "auto"

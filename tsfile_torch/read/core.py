@@ -648,13 +648,18 @@ def usable_cpus() -> int:
 def decode_threads(options: ReadOptions) -> int:
     """Return the native decode threads of a reader: as asked, else the usable CPUs split among
     the reading processes, at most 4 each: up to 4 with ``num_workers=0``, ``cpus // N`` in each
-    of N DataLoader workers (1 where there are no more CPUs than workers). One thread per worker
+    of N DataLoader workers (1 where there are no more CPUs than workers), divided again by the
+    ranks on this machine where torchrun says (``LOCAL_WORLD_SIZE``). One thread per worker
     left 2 workers on 16 cores 1.16x slower than 0 workers, which decode on 4 threads
     (``benchmarks/RESULTS.md``, 16 cores)."""
     if options.decode_threads is not None:
         return options.decode_threads
     worker = worker_id()
     processes = 1 if worker is None else max(1, worker[1])
+    try:
+        processes *= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        pass  # not torchrun's: one rank on this machine
     return max(1, min(4, usable_cpus() // processes))
 
 
