@@ -108,10 +108,9 @@ def main() -> int:
                     for r in records
                     if (r["cache"], r["order"], r["workers"]) == (cache, order, w)
                 ]
-                medians[cache, order, w] = statistics.median(r["later"] for r in mine)
-                rate = mine[0]["rows"] / medians[cache, order, w] / 1e6
-                ratio = medians[cache, order, w] / medians[cache, order, 0]
-                epoch = medians[cache, order, w]
+                epoch = medians[cache, order, w] = statistics.median(r["later"] for r in mine)
+                rate = mine[0]["rows"] / epoch / 1e6
+                ratio = epoch / medians[cache, order, 0]
                 print(f"{cache:<7} {order:<11} {w:>7} {epoch:>9.4f} {rate:>8.1f} {ratio:>6.2f}")
     if args.plot:
         _plot(args, medians, args.plot)

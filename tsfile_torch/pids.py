@@ -1,5 +1,6 @@
-"""Process lifetimes: the one liveness check (epoch claims, crash reports, downloads), and the
-few statements a worker's ending waits for (:func:`ending_deferred`)."""
+"""Process lifetimes: the one liveness check (epoch claims, crash reports, downloads), the
+few statements a worker's ending waits for (:func:`ending_deferred`), and the CPUs a process may
+use (:func:`usable_cpus`)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import os
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["alive", "end_now_or_after", "ending_deferred"]
+__all__ = ["alive", "end_now_or_after", "ending_deferred", "usable_cpus"]
 
 _deferred = 0  # ending_deferred blocks running in the main thread
 _pending: Callable[[], None] | None = None  # the ending they hold off
@@ -61,3 +62,10 @@ def end_now_or_after(end: Callable[[], None]) -> None:
         _pending = end
     else:
         end()
+
+
+def usable_cpus() -> int:
+    """Return the CPUs this process may run on (its affinity where the OS says, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0)) or 1
+    return os.cpu_count() or 1

@@ -364,8 +364,11 @@ def _end_terminated() -> None:
     from multiprocessing import util
 
     in_main = threading.current_thread() is threading.main_thread()
-    if not _ending.acquire(blocking=not in_main, timeout=-1 if in_main else 2.0) and in_main:
-        return
+    if in_main:
+        if not _ending.acquire(blocking=False):
+            return  # nested in the call under way, which ends the worker
+    else:
+        _ending.acquire(timeout=2.0)  # a call under way ends the worker first; else this one
     ours = (_remove, getattr(util, "_remove_temp_dir", None))
     for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
         if getattr(finalizer, "_callback", None) in ours:

@@ -31,6 +31,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from tsfile_torch.errors import FileProblem, TsFileFormatError
+from tsfile_torch.pids import usable_cpus
 from tsfile_torch.sources import LocalFile, Source
 from tsfile_torch.sources.content import (
     ALGORITHM,
@@ -52,7 +53,7 @@ __all__ = [
 ]
 
 #: files hashed at once (hashlib releases the GIL while hashing)
-_HASH_THREADS = min(4, os.cpu_count() or 1)
+_HASH_THREADS = min(4, usable_cpus())
 
 
 def _tsfiles(directory: str) -> list[str]:

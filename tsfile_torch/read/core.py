@@ -52,6 +52,7 @@ from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.screen import leave_out, screen_sources
 from tsfile_torch.native.backend import check_backend
 from tsfile_torch.options import ReadOptions
+from tsfile_torch.pids import usable_cpus
 from tsfile_torch.read import diskcache
 from tsfile_torch.read.align import Alignment, timelines_of
 from tsfile_torch.read.blockcache import Block, BlockCache
@@ -636,13 +637,6 @@ def _taken(values: np.ndarray, times: np.ndarray, at: np.ndarray, out=None):
         return out[0], times[at]
     np.take(times, at, out=out[1])
     return out
-
-
-def usable_cpus() -> int:
-    """Return the CPUs this process may run on (its affinity where the OS says, else all)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0)) or 1
-    return os.cpu_count() or 1
 
 
 def decode_threads(options: ReadOptions) -> int:

@@ -53,6 +53,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from tsfile_torch.catalog.build import ReadGroup
 from tsfile_torch.errors import TsFileTorchError
+from tsfile_torch.pids import usable_cpus
 from tsfile_torch.read.blockcache import Block
 from tsfile_torch.read.openfiles import OpenFiles
 
@@ -222,7 +223,7 @@ class ReadAhead:
         files = self._files(group.file_index)
         span = r.decoder.span(gi, lo, hi)  # indexes: in this thread
         if self.pool is None:
-            threads = max(1, min(r.decode_threads, (os.cpu_count() or 1) - 1))
+            threads = max(1, min(r.decode_threads, usable_cpus() - 1))
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
         into[key] = (self.pool.submit(self._decode_gated, gi, lo, hi, span, files), nbytes)
         return True
