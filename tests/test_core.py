@@ -258,9 +258,9 @@ def test_decode_threads_split_the_usable_cpus_among_the_workers(
 ):
     import torch.utils.data as tud
 
-    from tsfile_torch.read import core
+    from tsfile_torch import pids
 
-    monkeypatch.setattr(core, "usable_cpus", lambda: cpus)  # fork workers inherit it
+    monkeypatch.setattr(pids, "usable_cpus", lambda: cpus)  # fork workers inherit it
     loader = tud.DataLoader(
         _ThreadsPerWorker(),
         batch_size=None,
@@ -276,19 +276,21 @@ def test_decode_threads_split_the_usable_cpus_among_the_workers(
 def test_decode_threads_split_the_cpus_among_the_ranks_on_the_machine_too(
     monkeypatch, local_ranks, workers, threads
 ):
+    from tsfile_torch import pids
     from tsfile_torch.options import ReadOptions
     from tsfile_torch.read import core
 
-    monkeypatch.setattr(core, "usable_cpus", lambda: 16)
-    monkeypatch.setattr(core, "worker_id", lambda: (0, workers) if workers else None)
+    monkeypatch.setattr(pids, "usable_cpus", lambda: 16)
+    monkeypatch.setattr(pids, "worker_id", lambda: (0, workers) if workers else None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", local_ranks)  # as torchrun sets it
     assert core.decode_threads(ReadOptions()) == threads
 
 
 def test_decode_threads_asked_for_are_kept_in_workers_too(monkeypatch):
+    from tsfile_torch import pids
     from tsfile_torch.options import ReadOptions
     from tsfile_torch.read import core
 
-    monkeypatch.setattr(core, "worker_id", lambda: (0, 8))
+    monkeypatch.setattr(pids, "worker_id", lambda: (0, 8))
     assert core.decode_threads(ReadOptions(decode_threads=3)) == 3
-    assert core.usable_cpus() >= 1
+    assert pids.usable_cpus() >= 1

@@ -1,15 +1,17 @@
 """Process lifetimes: the one liveness check (epoch claims, crash reports, downloads), the
-few statements a worker's ending waits for (:func:`ending_deferred`), and the CPUs a process may
-use (:func:`usable_cpus`)."""
+few statements a worker's ending waits for (:func:`ending_deferred`), the CPUs a process may
+use (:func:`usable_cpus`) and its share of them beside the other reading processes
+(:func:`cpu_share`)."""
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable, Iterator
 
-__all__ = ["alive", "end_now_or_after", "ending_deferred", "usable_cpus"]
+__all__ = ["alive", "cpu_share", "end_now_or_after", "ending_deferred", "usable_cpus", "worker_id"]
 
 _deferred = 0  # ending_deferred blocks running in the main thread
 _pending: Callable[[], None] | None = None  # the ending they hold off
@@ -69,3 +71,27 @@ def usable_cpus() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0)) or 1
     return os.cpu_count() or 1
+
+
+def worker_id() -> tuple[int, int] | None:
+    """Return (worker id, number of workers) in a DataLoader worker, else None.
+
+    Asked of torch only if torch is loaded: without it there is no DataLoader worker (the core
+    itself needs no torch).
+    """
+    tud = sys.modules.get("torch.utils.data")
+    info = tud.get_worker_info() if tud is not None else None
+    return None if info is None else (info.id, info.num_workers)
+
+
+def cpu_share(most: int) -> int:
+    """Return this process's share of the usable CPUs, at least 1 and at most ``most``: the CPUs
+    divided among the processes that read on this machine, the DataLoader workers (when this
+    is one) times the ranks torchrun started here (``LOCAL_WORLD_SIZE``)."""
+    worker = worker_id()
+    processes = 1 if worker is None else max(1, worker[1])
+    try:
+        processes *= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        pass  # not torchrun's: one rank on this machine
+    return max(1, min(most, usable_cpus() // processes))

@@ -19,6 +19,22 @@ symbols being found in the loaded libtsfile; :func:`disable` switches it off. Wh
 active, :func:`fork_safe` is False: :func:`tsfile_torch.make_loader` starts workers with
 ``forkserver``, and a plainly forked child of a process that used tsfile refuses to open readers
 (an error, never a hang).
+
+Note: native pool size. tsfile sizes that pool at 6 threads in every process, whatever the machine:
+on 2 cores, sequential streaming epochs with ``num_workers=0`` were 0.89x as long with a pool of 2
+threads as with 6, and with 2 DataLoader workers 0.92x as long with 1 thread each as with 6 each
+(12 threads on 2 cores; medians of 14 pairs of processes, the smaller pool faster in every pair:
+``benchmarks/RESULTS.md``, tenth session). So the first reader each process opens through
+tsfile-torch first sizes the pool to that process's share of the machine,
+:func:`tsfile_torch.pids.cpu_share` (the usable CPUs over the workers times the ranks on the
+machine), at most tsfile's own 6: through ``common::set_thread_count`` (tsfile's header: it
+rebuilds an existing pool at once, "the caller must ensure no read/write is concurrently using the
+pool"). That holds at the first open: in a forked child the pool does not exist yet (it is built at
+that size), and elsewhere nothing of tsfile-torch has read in the process before; code of your own
+reading TsFiles in another thread at that moment is the one case it does not cover.
+``TSFILE_TORCH_NATIVE_THREADS`` (in the environment, so spawned workers see it too) asks for a
+number of threads in every process instead, ``0`` leaves tsfile's pool as tsfile makes it;
+:func:`native_threads` says what this process got. Sized once per process.
 """
 
 from __future__ import annotations
@@ -26,9 +42,21 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import threading
 from importlib import metadata
 
-__all__ = ["TESTED_VERSIONS", "fork_safe", "disable", "ensure_pool", "check_fork_safety"]
+from tsfile_torch.pids import cpu_share
+
+__all__ = [
+    "NATIVE_THREADS_ENV",
+    "TESTED_VERSIONS",
+    "TSFILE_POOL_THREADS",
+    "check_fork_safety",
+    "disable",
+    "ensure_pool",
+    "fork_safe",
+    "native_threads",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +65,12 @@ TESTED_VERSIONS = ("2.5.0",)
 
 _POOL_SYMBOL = "_ZN6common14g_thread_pool_E"  # common::g_thread_pool_
 _INIT_SYMBOL = "_ZN6common11init_commonEv"  # common::init_common()
+_SIZE_SYMBOL = "_ZN6common16set_thread_countEi"  # common::set_thread_count(int)
+
+#: the size tsfile gives its pool (``ConfigValue::thread_count_``): the most tsfile-torch asks for
+TSFILE_POOL_THREADS = 6
+#: threads of the native pool in every reading process (Note: native pool size); 0: tsfile's own
+NATIVE_THREADS_ENV = "TSFILE_TORCH_NATIVE_THREADS"
 
 
 def _tsfile_version() -> str | None:
@@ -46,8 +80,9 @@ def _tsfile_version() -> str | None:
         return None
 
 
-def _libraries() -> list[tuple[ctypes.c_void_p, object]]:
-    """Return (pool pointer, init function) for every loaded copy of libtsfile."""
+def _libraries() -> list[tuple[ctypes.c_void_p, object, object]]:
+    """Return (pool pointer, init function, size function or None) for every loaded copy of
+    libtsfile."""
     try:
         with open("/proc/self/maps", encoding="utf-8", errors="replace") as maps:
             paths = {
@@ -67,7 +102,11 @@ def _libraries() -> list[tuple[ctypes.c_void_p, object]]:
             continue
         init.restype = ctypes.c_int
         init.argtypes = []
-        found.append((pointer, init))
+        size = getattr(lib, _SIZE_SYMBOL, None)
+        if size is not None:
+            size.restype = ctypes.c_int
+            size.argtypes = [ctypes.c_int]
+        found.append((pointer, init, size))
     return found
 
 
@@ -79,6 +118,10 @@ _enabled = bool(_LIBS)
 _POOL_PID: int | None = os.getpid()
 #: pid that started using tsfile; its plain forks cannot read when the fix is off.
 _USER_PID: int | None = None
+#: pid whose native pool tsfile-torch sized, and to how many threads (None: tsfile's own)
+_SIZED_PID: int | None = None
+_SIZED: int | None = None
+_SIZE_LOCK = threading.Lock()
 
 
 def fork_safe() -> bool:
@@ -93,9 +136,10 @@ def disable() -> None:
 
 
 def _after_fork_in_child() -> None:
-    global _POOL_PID
+    global _POOL_PID, _SIZE_LOCK
+    _SIZE_LOCK = threading.Lock()  # a thread of the parent may have held it
     if _enabled:
-        for pointer, _ in _LIBS:
+        for pointer, _, _ in _LIBS:
             pointer.value = None
         _POOL_PID = None
 
@@ -110,12 +154,58 @@ def ensure_pool() -> None:
     if _POOL_PID == os.getpid():
         return
     previous = tsfile.get_file_read_backend()
-    for pointer, init in _LIBS:
-        if pointer.value is None:
-            init()  # common::init_common(): resets tsfile's config, then new ThreadPool
+    with _SIZE_LOCK:
+        threads = _size_pools()  # no pool yet: only the size is kept, for init_common
+        for pointer, init, _ in _LIBS:
+            if pointer.value is None:
+                init()  # common::init_common(): resets tsfile's config, then new ThreadPool
     tsfile.set_file_read_backend(previous)
     _POOL_PID = os.getpid()
-    logger.debug("tsfile native pool rebuilt in forked child %d", _POOL_PID)
+    logger.debug("tsfile native pool rebuilt in forked child %d (%s threads)", _POOL_PID, threads)
+
+
+def _threads_asked() -> int | None:
+    """Return the pool size this process should have (None: tsfile's own; see the notes).
+
+    Raises:
+        ValueError: ``TSFILE_TORCH_NATIVE_THREADS`` is not a whole number from 0 to 64.
+    """
+    raw = os.environ.get(NATIVE_THREADS_ENV, "").strip()
+    if not raw:
+        return cpu_share(TSFILE_POOL_THREADS)
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = -1
+    if not 0 <= threads <= 64:
+        raise ValueError(
+            f"{NATIVE_THREADS_ENV}={raw!r}: expected the threads of tsfile's native decode pool "
+            f"in each reading process, a whole number from 1 to 64 (0: leave tsfile's own pool, "
+            f"{TSFILE_POOL_THREADS} threads); unset it for a share of the CPUs"
+        )
+    return threads or None
+
+
+def _size_pools() -> int | None:
+    """Size this process's native pools once (Note: native pool size), under ``_SIZE_LOCK``;
+    return the threads asked (None: tsfile's own)."""
+    global _SIZED_PID, _SIZED
+    if _SIZED_PID == os.getpid():
+        return _SIZED
+    threads = _threads_asked()
+    if threads is not None:
+        for _, _, size in _LIBS:
+            if size is not None and size(threads) != 0:
+                raise RuntimeError(f"tsfile refused a native pool of {threads} threads")
+    _SIZED_PID, _SIZED = os.getpid(), threads
+    return threads
+
+
+def native_threads() -> int | None:
+    """Return the threads of tsfile's native decode pool in this process as tsfile-torch sized
+    it (Note: native pool size), or None where it did not (no reader opened here yet,
+    ``TSFILE_TORCH_NATIVE_THREADS=0``, or an untested tsfile: tsfile's own pool)."""
+    return _SIZED if _SIZED_PID == os.getpid() else None
 
 
 def check_fork_safety(name: str) -> None:
@@ -128,6 +218,9 @@ def check_fork_safety(name: str) -> None:
     global _USER_PID
     if _enabled:
         ensure_pool()
+        if _SIZED_PID != os.getpid():
+            with _SIZE_LOCK:
+                _size_pools()
         return
     if _USER_PID is not None and _USER_PID != os.getpid():
         from tsfile_torch.errors import TsFileTorchError

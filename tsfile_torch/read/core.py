@@ -34,7 +34,6 @@ from __future__ import annotations
 import functools
 import math
 import os
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -52,7 +51,7 @@ from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.screen import leave_out, screen_sources
 from tsfile_torch.native.backend import check_backend
 from tsfile_torch.options import ReadOptions
-from tsfile_torch.pids import usable_cpus
+from tsfile_torch.pids import cpu_share, worker_id
 from tsfile_torch.read import diskcache
 from tsfile_torch.read.align import Alignment, timelines_of
 from tsfile_torch.read.blockcache import Block, BlockCache
@@ -68,17 +67,6 @@ __all__ = ["STORES", "ReadingCore", "Table", "worker_id"]
 _NUMPY_DTYPE = {"float64": np.float64}  # every other torch dtype is read as float32 first
 #: Largest integer magnitude below which every integer is exact in each float dtype.
 _EXACT_INTEGERS = {"float16": 2**11, "bfloat16": 2**8, "float32": 2**24, "float64": 2**53}
-
-
-def worker_id() -> tuple[int, int] | None:
-    """Return (worker id, number of workers) in a DataLoader worker, else None.
-
-    Asked of torch only if torch is loaded: without it there is no DataLoader worker (the core
-    itself needs no torch).
-    """
-    tud = sys.modules.get("torch.utils.data")
-    info = tud.get_worker_info() if tud is not None else None
-    return None if info is None else (info.id, info.num_workers)
 
 
 @dataclass
@@ -648,13 +636,7 @@ def decode_threads(options: ReadOptions) -> int:
     (``benchmarks/RESULTS.md``, 16 cores)."""
     if options.decode_threads is not None:
         return options.decode_threads
-    worker = worker_id()
-    processes = 1 if worker is None else max(1, worker[1])
-    try:
-        processes *= max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
-    except ValueError:
-        pass  # not torchrun's: one rank on this machine
-    return max(1, min(4, usable_cpus() // processes))
+    return cpu_share(4)
 
 
 def make_table(
