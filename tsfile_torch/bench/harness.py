@@ -168,9 +168,12 @@ def repeat(
 
 
 def environment() -> dict:
-    """Return what the numbers depend on: versions, CPU model and count, kernel, platform."""
+    """Return what the numbers depend on: versions, CPU model and count, the native pool
+    setting, kernel, platform."""
     import torch
     import tsfile
+
+    from tsfile_torch.native.forkfix import NATIVE_THREADS_ENV
 
     cpu = platform.processor() or ""
     try:
@@ -187,6 +190,8 @@ def environment() -> dict:
         "numpy": np.__version__,
         "cpu": cpu,
         "cpus": os.cpu_count(),
+        # tsfile's native pool per process: unset = the CPUs' share (Note: native pool size)
+        NATIVE_THREADS_ENV: os.environ.get(NATIVE_THREADS_ENV),
         "kernel": platform.release(),
         "platform": platform.platform(),
     }
