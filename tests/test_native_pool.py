@@ -58,6 +58,10 @@ class Probe(tud.Dataset):
 
 if __name__ == "__main__":
     folder, method, workers, cpus = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+    if sys.argv[5:] == ["off"]:
+        import tsfile_torch
+
+        tsfile_torch.process.disable("native_pool")
     if cpus != "all":
         os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[: int(cpus)])
     context = method if workers else None
@@ -70,17 +74,18 @@ if __name__ == "__main__":
 
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory):
-    """The function ``(folder, method, workers, env, cpus="all") -> [item, item]``: the probe
-    run as a script (spawn workers import it), in a new interpreter."""
+    """The function ``(folder, method, workers, env, cpus="all", *more) -> [item, item]``: the
+    probe run as a script (spawn workers import it), in a new interpreter; ``"off"`` in
+    ``more``: the ``native_pool`` process effect switched off first."""
     path = tmp_path_factory.mktemp("probe") / "probe.py"
     path.write_text(PROBE)
     repo = Path(__file__).resolve().parents[1]
 
-    def run(folder, method, workers, env, cpus="all"):
+    def run(folder, method, workers, env, cpus="all", *more):
         environ = {k: v for k, v in os.environ.items() if k != forkfix.NATIVE_THREADS_ENV}
         environ.update(env, PYTHONPATH=f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
         proc = subprocess.run(
-            [sys.executable, str(path), str(folder), method, str(workers), str(cpus)],
+            [sys.executable, str(path), str(folder), method, str(workers), str(cpus), *more],
             capture_output=True, text=True, timeout=300, env=environ, cwd=repo,
         )  # fmt: skip
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -130,6 +135,15 @@ def test_zero_leaves_tsfiles_own_pool(probe, small_dir, small_expected, method, 
     assert [item["started"] for item in items] == _started(
         items, workers, forkfix.TSFILE_POOL_THREADS
     )
+
+
+def test_the_process_effect_switched_off_leaves_tsfiles_own_pool_in_fork_workers_too(
+    probe, small_dir, small_expected
+):
+    items = probe(small_dir, "fork", 2, {}, "all", "off")
+    _check_rows(items, 2, small_expected)
+    assert [item["threads"] for item in items] == [None, None]
+    assert [item["started"] for item in items] == [forkfix.TSFILE_POOL_THREADS] * 2
 
 
 @pytest.mark.parametrize("cpus", [1, pytest.param("all", marks=pytest.mark.slow)])

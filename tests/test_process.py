@@ -165,6 +165,7 @@ def test_effects_switch_by_name_and_unknown_names_are_value_errors(small_dir):
     process = tsfile_torch.process
     assert process.EFFECTS == (
         "fork_fix",
+        "native_pool",
         "malloc",
         "worker_reports",
         "crash_report",

@@ -11,6 +11,10 @@ can be:
                    and rebuilt at its first read (Note: tsfile and fork,
                    :mod:`tsfile_torch.native.forkfix`); off: workers start with forkserver.
                    Registered at import (``os.register_at_fork``), acts in children only.
+``native_pool``    tsfile's native decode pool (6 threads in every process) sized at a
+                   process's first open to its share of the CPUs, at most 6 (Note: native pool
+                   size, :mod:`tsfile_torch.native.forkfix`); ``TSFILE_TORCH_NATIVE_THREADS``
+                   in the environment sets it for every process, spawned workers included.
 ``malloc``         glibc ``mallopt`` in processes that read (Note: malloc tuning,
                    :mod:`tsfile_torch.native.malloc`): decode buffers stay mapped. Per dataset:
                    ``malloc_tuning=False``.
@@ -73,10 +77,11 @@ __all__ = [
 ]
 
 #: The effects by name (see the module notes).
-EFFECTS = ("fork_fix", "malloc", "worker_reports", "crash_report", "parent_guard")
+EFFECTS = ("fork_fix", "native_pool", "malloc", "worker_reports", "crash_report", "parent_guard")
 #: Versions each effect was tested on; elsewhere the effect stays off.
 TESTED_ON = {
     "fork_fix": f"tsfile {', '.join(forkfix.TESTED_VERSIONS)} (Linux)",
+    "native_pool": f"tsfile {', '.join(forkfix.TESTED_VERSIONS)} (Linux)",
     "malloc": malloc.TESTED_ON,
     "worker_reports": "torch 2.1 to 2.13 (its SIGCHLD handler)",
     "crash_report": "CPython 3.10 to 3.13 (faulthandler)",
@@ -100,6 +105,8 @@ def disable(*names: str) -> None:
         _on[name] = False
     if "fork_fix" in names or not names:
         forkfix.disable()
+    if "native_pool" in names or not names:
+        forkfix.size_pool = False
     if "malloc" in names or not names:
         malloc.enabled = False
 
@@ -107,7 +114,9 @@ def disable(*names: str) -> None:
 def enable(*names: str) -> None:
     """Switch effects back on (the fork fix cannot be switched on again once off)."""
     for name in _check(names):
-        _on[name] = name != "fork_fix" or forkfix.fork_safe()
+        _on[name] = name not in ("fork_fix", "native_pool") or forkfix.fork_safe()
+    if "native_pool" in names or not names:
+        forkfix.size_pool = forkfix.fork_safe()
     if "malloc" in names or not names:
         malloc.enabled = True
 

@@ -33,7 +33,8 @@ pool"). That holds at the first open: in a forked child the pool does not exist 
 that size), and elsewhere nothing of tsfile-torch has read in the process before; code of your own
 reading TsFiles in another thread at that moment is the one case it does not cover.
 ``TSFILE_TORCH_NATIVE_THREADS`` (in the environment, so spawned workers see it too) asks for a
-number of threads in every process instead, ``0`` leaves tsfile's pool as tsfile makes it;
+number of threads in every process instead, ``0`` leaves tsfile's pool as tsfile makes it (as
+does ``tsfile_torch.process.disable("native_pool")`` in a process and its fork workers);
 :func:`native_threads` says what this process got. Sized once per process.
 """
 
@@ -118,6 +119,8 @@ _enabled = bool(_LIBS)
 _POOL_PID: int | None = os.getpid()
 #: pid that started using tsfile; its plain forks cannot read when the fix is off.
 _USER_PID: int | None = None
+#: size the native pool (the process effect ``native_pool``: tsfile_torch.process.disable)
+size_pool = True
 #: pid whose native pool tsfile-torch sized, and to how many threads (None: tsfile's own)
 _SIZED_PID: int | None = None
 _SIZED: int | None = None
@@ -170,6 +173,8 @@ def _threads_asked() -> int | None:
     Raises:
         ValueError: ``TSFILE_TORCH_NATIVE_THREADS`` is not a whole number from 0 to 64.
     """
+    if not size_pool:
+        return None
     raw = os.environ.get(NATIVE_THREADS_ENV, "").strip()
     if not raw:
         return cpu_share(TSFILE_POOL_THREADS)
@@ -204,7 +209,8 @@ def _size_pools() -> int | None:
 def native_threads() -> int | None:
     """Return the threads of tsfile's native decode pool in this process as tsfile-torch sized
     it (Note: native pool size), or None where it did not (no reader opened here yet,
-    ``TSFILE_TORCH_NATIVE_THREADS=0``, or an untested tsfile: tsfile's own pool)."""
+    ``TSFILE_TORCH_NATIVE_THREADS=0``, the ``native_pool`` or ``fork_fix`` effect switched off,
+    or an untested tsfile: tsfile's own pool)."""
     return _SIZED if _SIZED_PID == os.getpid() else None
 
 
