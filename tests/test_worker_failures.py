@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import torch.utils.data as tud
 
 from tsfile_torch import TsFileIterableDataset, WorkerError, make_loader, synthetic
@@ -86,6 +87,7 @@ def test_building_a_dataset_on_that_file_is_a_format_error_naming_it(tmp_path):
 
 ORPHAN = r"""
 import ctypes, json, sys
+import torch
 import torch.utils.data as tud
 from tsfile_torch import TsFileIterableDataset, make_loader
 
@@ -255,3 +257,80 @@ def test_a_script_without_a_main_guard_is_told_where_spawned_workers_fail(tmp_pa
     assert "WorkerError" in done.stderr, done.stderr[-2000:]
     assert "workers started by spawn import your script first" in done.stderr
     assert "if __name__ == '__main__':" in done.stderr
+
+
+class _RaisesInWorker(TsFileIterableDataset):
+    """In workers, while ``fail``, the read of rows [2500, ...) raises a ValueError (an error
+    of a well worker)."""
+
+    fail = True
+
+    def __iter__(self):
+        if tud.get_worker_info() is not None and self.fail:
+            reader = self.core.reader
+            note = reader.on_read
+
+            def on_read(text):
+                note(text)
+                if text is not None and "rows [2500," in text:
+                    raise ValueError("bad rows [2500, ...)")
+
+            reader.on_read = on_read
+        return super().__iter__()
+
+
+@pytest.mark.parametrize("persistent", [False, True])
+def test_a_pass_ended_by_a_workers_error_ends_its_workers_at_once(
+    small_dir, small_expected, persistent
+):
+    """Note: a pass ended by an error (tsfile_torch.loader): the workers are ended when the
+    error reaches the caller, not when a garbage collection finds the kept error's cycle
+    (whose queue finalizers left torch's shutdown waiting 5 s per worker); the next pass
+    starts new workers and reads every row."""
+    ds = _RaisesInWorker(small_dir, batch_size=250, return_timestamps=True)
+    loader = make_loader(ds, num_workers=2, persistent_workers=persistent)
+    it = iter(loader)
+    workers = list(it._workers)
+    with pytest.raises(ValueError, match=r"bad rows \[2500"):
+        for _ in it:
+            pass
+    for w in workers:
+        w.join(timeout=30)  # they exited when asked: nothing to wait for here
+    assert [w.exitcode for w in workers] == [0, 0]
+    assert loader._iterator is None  # a persistent loader starts new workers too
+    ds.fail = False
+    values, times = (np.concatenate(x) for x in zip(*loader, strict=True))
+    order = np.argsort(times, kind="stable")
+    np.testing.assert_array_equal(times[order], np.arange(5000))
+    np.testing.assert_array_equal(values[order], small_expected.astype(np.float32))
+
+
+def test_an_iterator_collected_in_a_reference_cycle_does_not_wait_on_its_workers(
+    small_dir, monkeypatch
+):
+    """Note: a pass ended by an error: a cycle's queue finalizers stop the feeder threads torch's
+    shutdown would ask the workers to stop through; the workers are ended instead of waited for
+    (torch waits MP_STATUS_CHECK_INTERVAL per worker: 60 s here, so a wait cannot pass)."""
+    import gc
+
+    monkeypatch.setattr(tud._utils, "MP_STATUS_CHECK_INTERVAL", 60.0)
+    ds = TsFileIterableDataset(small_dir, batch_size=250)
+    loader = make_loader(ds, num_workers=2)
+    it = iter(loader)
+    next(it)
+    workers = list(it._workers)
+    cycle = {"loader": loader, "iterator": it}  # the loader holds its iterator too
+    cycle["self"] = cycle
+    gc.disable()  # collected below, not at some allocation in between
+    try:
+        del loader, it, cycle
+        start = time.monotonic()
+        gc.collect()
+        took = time.monotonic() - start
+    finally:
+        gc.enable()
+    assert took < 30, took
+    for w in workers:
+        w.join(timeout=30)
+    assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2  # ended, not waited for
+    assert len(torch.cat(list(make_loader(ds, num_workers=2)))) == 5000

@@ -181,6 +181,7 @@ class _Pass:
                 context.get_start_method() if context is not None else None,
             )
             if better is None:
+                _retire(self._loader, self._inner, stuck=False)  # Note: a pass ended by an error
                 raise
             # a worker died or stalled: end this pass's workers now (a kept error would keep
             # them until a garbage collection); the next pass starts new ones
@@ -188,6 +189,10 @@ class _Pass:
             if self._ring is not None:
                 self._ring.close()
             raise better from err
+        except Exception:
+            self._end()
+            _retire(self._loader, self._inner, stuck=False)  # Note: a pass ended by an error
+            raise
         except BaseException:
             self._end()
             raise
@@ -225,6 +230,12 @@ class _Guarded:
     """Mixin of make_loader's loaders (see the module notes)."""
 
     _sums_checked = False
+
+    def _get_iterator(self):
+        it = super()._get_iterator()
+        if hasattr(it, "_shutdown_workers"):  # Note: a pass ended by an error
+            it.__class__ = _reachable(type(it))
+        return it
 
     def __iter__(self):
         # one check-and-claim at a time: two threads starting loaders over one dataset object
@@ -366,17 +377,29 @@ class _InMainIterable(_InMain):
         self._serve(loader, *loader._spec.main_pass(epoch, loader.num_workers))
 
 
-def _retire(loader, failed, gentle: bool = False) -> None:
+def _retire(loader, failed, gentle: bool = False, stuck: bool = True) -> None:
     """Shut down the workers of an iterator whose pass ended in a worker failure (dead, stopped
     or stalled workers), so the next pass starts new ones instead of waiting on them.
 
     ``gentle``: SIGTERM first (a worker then removes what it made, Note: nothing left behind in
-    :mod:`tsfile_torch.process`), SIGKILL for one still there after a second.
+    :mod:`tsfile_torch.process`), SIGKILL for one still there after a second. ``stuck=False``:
+    the workers are well (the pass ended in an error raised in one of them, or here), so only
+    torch's own shutdown, which asks each to stop.
+
+    Note: a pass ended by an error. Its workers are ended at once, not when the iterator is
+    collected: a kept error (a traceback held by a notebook, a logger, ``pytest.raises``) puts
+    the iterator in a reference cycle, and the garbage collector runs the finalizers of its
+    index queues (which stop their feeder threads) before the iterator's ``__del__``, whose
+    shutdown then asks each worker to stop through a queue nobody feeds and waits 5 s for each
+    (measured: a 10 s stall of whatever allocated when the collection came, with 2 workers).
+    The next pass starts new workers. Any other way into a cycle (a persistent loader held in
+    one) is met in the shutdown itself: make_loader's iterators first end, by SIGTERM, the
+    workers whose queue feeder has stopped (:func:`_end_unreachable`).
     """
     if getattr(loader, "_iterator", None) is failed:
         loader._iterator = None
-    workers = getattr(failed, "_workers", ())
-    if getattr(failed, "_worker_pids_set", False):  # before any kill: no SIGCHLD error
+    workers = getattr(failed, "_workers", ()) if stuck else ()
+    if stuck and getattr(failed, "_worker_pids_set", False):  # before any kill: no SIGCHLD error
         tud._utils.signal_handling._remove_worker_pids(id(failed))
         failed._worker_pids_set = False
     if gentle:
@@ -391,6 +414,38 @@ def _retire(loader, failed, gentle: bool = False) -> None:
     shutdown = getattr(failed, "_shutdown_workers", None)
     if shutdown is not None:
         shutdown()
+
+
+@functools.cache
+def _reachable(cls: type) -> type:
+    """``cls`` (torch's or torchdata's iterator with workers) whose shutdown first ends the
+    workers it can no longer ask to stop (Note: a pass ended by an error)."""
+
+    def _shutdown_workers(self) -> None:
+        if not getattr(self, "_shutdown", True) and tud._utils.python_exit_status is False:
+            _end_unreachable(self)
+        cls._shutdown_workers(self)
+
+    return type(cls.__name__, (cls,), {"_shutdown_workers": _shutdown_workers})
+
+
+def _end_unreachable(it) -> None:
+    """SIGTERM (a worker then removes what it made) the live workers of ``it`` whose index
+    queue's feeder thread has stopped: torch's shutdown asks a worker to stop through that queue
+    and would wait 5 s for each (the iterator was collected in a reference cycle, whose queue
+    finalizers ran first: Note: a pass ended by an error)."""
+    unreachable = [
+        w
+        for w, q in zip(it._workers, it._index_queues, strict=False)
+        if getattr(q, "_thread", None) is not None and not q._thread.is_alive() and w.is_alive()
+    ]
+    if not unreachable:
+        return
+    if getattr(it, "_worker_pids_set", False):  # before the signal: no SIGCHLD error
+        tud._utils.signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
+    for w in unreachable:
+        w.terminate()
 
 
 #: loaders whose workers may be running (their iterators are ended at interpreter exit)
