@@ -87,7 +87,6 @@ def test_building_a_dataset_on_that_file_is_a_format_error_naming_it(tmp_path):
 
 ORPHAN = r"""
 import ctypes, json, sys
-import torch
 import torch.utils.data as tud
 from tsfile_torch import TsFileIterableDataset, make_loader
 
@@ -280,26 +279,40 @@ class _RaisesInWorker(TsFileIterableDataset):
 
 
 @pytest.mark.parametrize("persistent", [False, True])
-def test_a_pass_ended_by_a_workers_error_ends_its_workers_at_once(
-    small_dir, small_expected, persistent
+def test_a_kept_error_of_a_pass_with_workers_stalls_no_later_collection(
+    small_dir, small_expected, monkeypatch, persistent
 ):
-    """Note: a pass ended by an error (tsfile_torch.loader): the workers are ended when the
-    error reaches the caller, not when a garbage collection finds the kept error's cycle
-    (whose queue finalizers left torch's shutdown waiting 5 s per worker); the next pass
-    starts new workers and reads every row."""
+    """Note: an iterator collected in a cycle (tsfile_torch.loader): an error from a worker,
+    kept with its traceback (here by ``pytest.raises``), holds the pass's iterator in a cycle;
+    its collection ends the workers instead of waiting on them (torch waits
+    MP_STATUS_CHECK_INTERVAL per worker: 60 s here, so a wait cannot pass); a new loader then
+    reads every row exactly."""
+    import gc
+
+    monkeypatch.setattr(tud._utils, "MP_STATUS_CHECK_INTERVAL", 60.0)
     ds = _RaisesInWorker(small_dir, batch_size=250, return_timestamps=True)
     loader = make_loader(ds, num_workers=2, persistent_workers=persistent)
     it = iter(loader)
     workers = list(it._workers)
-    with pytest.raises(ValueError, match=r"bad rows \[2500"):
-        for _ in it:
-            pass
+    gc.disable()  # collected below, not at some allocation in between
+    try:
+        with pytest.raises(ValueError, match=r"bad rows \[2500") as kept:
+            for _ in it:
+                pass
+        assert "Caught ValueError in DataLoader worker" in str(kept.value)
+        del loader, it, kept  # the error's traceback: a cycle holding the pass's iterator
+        start = time.monotonic()
+        gc.collect()
+        took = time.monotonic() - start
+    finally:
+        gc.enable()
+    assert took < 30, took
     for w in workers:
-        w.join(timeout=30)  # they exited when asked: nothing to wait for here
-    assert [w.exitcode for w in workers] == [0, 0]
-    assert loader._iterator is None  # a persistent loader starts new workers too
+        w.join(timeout=30)
+    assert not any(w.is_alive() for w in workers)
     ds.fail = False
-    values, times = (np.concatenate(x) for x in zip(*loader, strict=True))
+    batches = list(make_loader(ds, num_workers=2, persistent_workers=persistent))
+    values, times = (torch.cat(x).numpy() for x in zip(*batches, strict=True))
     order = np.argsort(times, kind="stable")
     np.testing.assert_array_equal(times[order], np.arange(5000))
     np.testing.assert_array_equal(values[order], small_expected.astype(np.float32))
@@ -308,7 +321,7 @@ def test_a_pass_ended_by_a_workers_error_ends_its_workers_at_once(
 def test_an_iterator_collected_in_a_reference_cycle_does_not_wait_on_its_workers(
     small_dir, monkeypatch
 ):
-    """Note: a pass ended by an error: a cycle's queue finalizers stop the feeder threads torch's
+    """Note: an iterator collected in a cycle: its queue finalizers stop the feeder threads torch's
     shutdown would ask the workers to stop through; the workers are ended instead of waited for
     (torch waits MP_STATUS_CHECK_INTERVAL per worker: 60 s here, so a wait cannot pass)."""
     import gc

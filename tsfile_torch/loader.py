@@ -181,7 +181,6 @@ class _Pass:
                 context.get_start_method() if context is not None else None,
             )
             if better is None:
-                _retire(self._loader, self._inner, stuck=False)  # Note: a pass ended by an error
                 raise
             # a worker died or stalled: end this pass's workers now (a kept error would keep
             # them until a garbage collection); the next pass starts new ones
@@ -189,10 +188,6 @@ class _Pass:
             if self._ring is not None:
                 self._ring.close()
             raise better from err
-        except Exception:
-            self._end()
-            _retire(self._loader, self._inner, stuck=False)  # Note: a pass ended by an error
-            raise
         except BaseException:
             self._end()
             raise
@@ -233,7 +228,7 @@ class _Guarded:
 
     def _get_iterator(self):
         it = super()._get_iterator()
-        if hasattr(it, "_shutdown_workers"):  # Note: a pass ended by an error
+        if hasattr(it, "_shutdown_workers"):  # Note: an iterator collected in a cycle
             it.__class__ = _reachable(type(it))
         return it
 
@@ -377,29 +372,17 @@ class _InMainIterable(_InMain):
         self._serve(loader, *loader._spec.main_pass(epoch, loader.num_workers))
 
 
-def _retire(loader, failed, gentle: bool = False, stuck: bool = True) -> None:
+def _retire(loader, failed, gentle: bool = False) -> None:
     """Shut down the workers of an iterator whose pass ended in a worker failure (dead, stopped
     or stalled workers), so the next pass starts new ones instead of waiting on them.
 
     ``gentle``: SIGTERM first (a worker then removes what it made, Note: nothing left behind in
-    :mod:`tsfile_torch.process`), SIGKILL for one still there after a second. ``stuck=False``:
-    the workers are well (the pass ended in an error raised in one of them, or here), so only
-    torch's own shutdown, which asks each to stop.
-
-    Note: a pass ended by an error. Its workers are ended at once, not when the iterator is
-    collected: a kept error (a traceback held by a notebook, a logger, ``pytest.raises``) puts
-    the iterator in a reference cycle, and the garbage collector runs the finalizers of its
-    index queues (which stop their feeder threads) before the iterator's ``__del__``, whose
-    shutdown then asks each worker to stop through a queue nobody feeds and waits 5 s for each
-    (measured: a 10 s stall of whatever allocated when the collection came, with 2 workers).
-    The next pass starts new workers. Any other way into a cycle (a persistent loader held in
-    one) is met in the shutdown itself: make_loader's iterators first end, by SIGTERM, the
-    workers whose queue feeder has stopped (:func:`_end_unreachable`).
+    :mod:`tsfile_torch.process`), SIGKILL for one still there after a second.
     """
     if getattr(loader, "_iterator", None) is failed:
         loader._iterator = None
-    workers = getattr(failed, "_workers", ()) if stuck else ()
-    if stuck and getattr(failed, "_worker_pids_set", False):  # before any kill: no SIGCHLD error
+    workers = getattr(failed, "_workers", ())
+    if getattr(failed, "_worker_pids_set", False):  # before any kill: no SIGCHLD error
         tud._utils.signal_handling._remove_worker_pids(id(failed))
         failed._worker_pids_set = False
     if gentle:
@@ -419,7 +402,18 @@ def _retire(loader, failed, gentle: bool = False, stuck: bool = True) -> None:
 @functools.cache
 def _reachable(cls: type) -> type:
     """``cls`` (torch's or torchdata's iterator with workers) whose shutdown first ends the
-    workers it can no longer ask to stop (Note: a pass ended by an error)."""
+    workers it can no longer ask to stop.
+
+    Note: an iterator collected in a cycle. A kept error (a traceback held by a notebook, a
+    logger, ``pytest.raises``) or a loader held in a cycle puts the iterator in a reference
+    cycle; the garbage collector runs the finalizers of its index queues (which stop their
+    feeder threads) before the iterator's ``__del__``, whose shutdown then asks each worker to
+    stop through a queue nobody feeds and waits 5 s for each: a 10 s stall, with 2 workers, of
+    whatever line allocated when the collection came (measured in this project's tests). Here
+    the shutdown first ends, by SIGTERM, the workers whose queue feeder has stopped
+    (:func:`_end_unreachable`). A pass that ended in an error keeps its workers until then (a
+    caller may catch the error and go on: a map-style pass's other batches still come).
+    """
 
     def _shutdown_workers(self) -> None:
         if not getattr(self, "_shutdown", True) and tud._utils.python_exit_status is False:
@@ -431,13 +425,10 @@ def _reachable(cls: type) -> type:
 
 def _end_unreachable(it) -> None:
     """SIGTERM (a worker then removes what it made) the live workers of ``it`` whose index
-    queue's feeder thread has stopped: torch's shutdown asks a worker to stop through that queue
-    and would wait 5 s for each (the iterator was collected in a reference cycle, whose queue
-    finalizers ran first: Note: a pass ended by an error)."""
+    queue is no longer fed (:func:`_unfed`): torch's shutdown asks a worker to stop through
+    that queue and would wait 5 s for each (Note: an iterator collected in a cycle)."""
     unreachable = [
-        w
-        for w, q in zip(it._workers, it._index_queues, strict=False)
-        if getattr(q, "_thread", None) is not None and not q._thread.is_alive() and w.is_alive()
+        w for w, q in zip(it._workers, it._index_queues, strict=False) if _unfed(q) and w.is_alive()
     ]
     if not unreachable:
         return
@@ -446,6 +437,16 @@ def _end_unreachable(it) -> None:
         it._worker_pids_set = False
     for w in unreachable:
         w.terminate()
+
+
+def _unfed(queue) -> bool:
+    """Whether nothing put on ``queue`` (a multiprocessing queue with a feeder thread) will
+    reach its reader any more: its close finalizer ran (the feeder thread then ends, as soon as
+    it runs: it may still be alive here) or its feeder thread ended."""
+    thread, close = getattr(queue, "_thread", None), getattr(queue, "_close", None)
+    if thread is None:
+        return False  # nothing put yet: a put starts the feeder
+    return not thread.is_alive() or (close is not None and not close.still_active())
 
 
 #: loaders whose workers may be running (their iterators are ended at interpreter exit)
