@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import json
 import os
 import signal
@@ -278,6 +280,28 @@ class _RaisesInWorker(TsFileIterableDataset):
         return super().__iter__()
 
 
+@contextlib.contextmanager
+def _collected_here():
+    """No automatic garbage collection inside (at some allocation): the cycles made here are
+    collected by :func:`_collect_without_waiting`, called inside too, where it is timed."""
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+def _collect_without_waiting(workers) -> None:
+    """Collect the garbage, which must not wait on torch's MP_STATUS_CHECK_INTERVAL (60 s in
+    these tests, per worker), then let ``workers`` end."""
+    start = time.monotonic()
+    gc.collect()
+    took = time.monotonic() - start
+    assert took < 30, took
+    for w in workers:
+        w.join(timeout=30)
+
+
 @pytest.mark.parametrize("persistent", [False, True])
 def test_a_kept_error_of_a_pass_with_workers_stalls_no_later_collection(
     small_dir, small_expected, monkeypatch, persistent
@@ -287,28 +311,18 @@ def test_a_kept_error_of_a_pass_with_workers_stalls_no_later_collection(
     its collection ends the workers instead of waiting on them (torch waits
     MP_STATUS_CHECK_INTERVAL per worker: 60 s here, so a wait cannot pass); a new loader then
     reads every row exactly."""
-    import gc
-
     monkeypatch.setattr(tud._utils, "MP_STATUS_CHECK_INTERVAL", 60.0)
     ds = _RaisesInWorker(small_dir, batch_size=250, return_timestamps=True)
     loader = make_loader(ds, num_workers=2, persistent_workers=persistent)
     it = iter(loader)
     workers = list(it._workers)
-    gc.disable()  # collected below, not at some allocation in between
-    try:
+    with _collected_here():
         with pytest.raises(ValueError, match=r"bad rows \[2500") as kept:
             for _ in it:
                 pass
         assert "Caught ValueError in DataLoader worker" in str(kept.value)
         del loader, it, kept  # the error's traceback: a cycle holding the pass's iterator
-        start = time.monotonic()
-        gc.collect()
-        took = time.monotonic() - start
-    finally:
-        gc.enable()
-    assert took < 30, took
-    for w in workers:
-        w.join(timeout=30)
+        _collect_without_waiting(workers)
     assert not any(w.is_alive() for w in workers)
     ds.fail = False
     batches = list(make_loader(ds, num_workers=2, persistent_workers=persistent))
@@ -324,26 +338,16 @@ def test_an_iterator_collected_in_a_reference_cycle_does_not_wait_on_its_workers
     """Note: an iterator collected in a cycle: its queue finalizers stop the feeder threads torch's
     shutdown would ask the workers to stop through; the workers are ended instead of waited for
     (torch waits MP_STATUS_CHECK_INTERVAL per worker: 60 s here, so a wait cannot pass)."""
-    import gc
-
     monkeypatch.setattr(tud._utils, "MP_STATUS_CHECK_INTERVAL", 60.0)
     ds = TsFileIterableDataset(small_dir, batch_size=250)
     loader = make_loader(ds, num_workers=2)
     it = iter(loader)
     next(it)
     workers = list(it._workers)
-    cycle = {"loader": loader, "iterator": it}  # the loader holds its iterator too
-    cycle["self"] = cycle
-    gc.disable()  # collected below, not at some allocation in between
-    try:
+    with _collected_here():
+        cycle = {"loader": loader, "iterator": it}  # the loader holds its iterator too
+        cycle["self"] = cycle
         del loader, it, cycle
-        start = time.monotonic()
-        gc.collect()
-        took = time.monotonic() - start
-    finally:
-        gc.enable()
-    assert took < 30, took
-    for w in workers:
-        w.join(timeout=30)
+        _collect_without_waiting(workers)
     assert [w.exitcode for w in workers] == [-signal.SIGTERM] * 2  # ended, not waited for
     assert len(torch.cat(list(make_loader(ds, num_workers=2)))) == 5000

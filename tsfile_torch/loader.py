@@ -382,9 +382,7 @@ def _retire(loader, failed, gentle: bool = False) -> None:
     if getattr(loader, "_iterator", None) is failed:
         loader._iterator = None
     workers = getattr(failed, "_workers", ())
-    if getattr(failed, "_worker_pids_set", False):  # before any kill: no SIGCHLD error
-        tud._utils.signal_handling._remove_worker_pids(id(failed))
-        failed._worker_pids_set = False
+    _forget_worker_pids(failed)  # before any kill
     if gentle:
         for w in workers:
             if w.is_alive():
@@ -410,7 +408,7 @@ def _reachable(cls: type) -> type:
     feeder threads) before the iterator's ``__del__``, whose shutdown then asks each worker to
     stop through a queue nobody feeds and waits 5 s for each: a 10 s stall, with 2 workers, of
     whatever line allocated when the collection came (measured in this project's tests). Here
-    the shutdown first ends, by SIGTERM, the workers whose queue feeder has stopped
+    the shutdown first ends, by SIGTERM, the workers whose index queue is no longer fed
     (:func:`_end_unreachable`). A pass that ended in an error keeps its workers until then (a
     caller may catch the error and go on: a map-style pass's other batches still come).
     """
@@ -432,11 +430,16 @@ def _end_unreachable(it) -> None:
     ]
     if not unreachable:
         return
-    if getattr(it, "_worker_pids_set", False):  # before the signal: no SIGCHLD error
-        tud._utils.signal_handling._remove_worker_pids(id(it))
-        it._worker_pids_set = False
+    _forget_worker_pids(it)  # before the signal
     for w in unreachable:
         w.terminate()
+
+
+def _forget_worker_pids(it) -> None:
+    """Take ``it``'s workers out of torch's SIGCHLD check, so that ending them is no error."""
+    if getattr(it, "_worker_pids_set", False):
+        tud._utils.signal_handling._remove_worker_pids(id(it))
+        it._worker_pids_set = False
 
 
 def _unfed(queue) -> bool:
