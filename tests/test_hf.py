@@ -191,30 +191,62 @@ def test_the_loss_of_the_lag_family_skips_masked_future_values(name, holes):
     assert loss(model, filled) == loss(model, masked) != loss(model, batch)
 
 
-@pytest.mark.parametrize("name", ["PatchTSTForPrediction", "PatchTSMixerForPrediction"])
-def test_a_model_without_future_mask_refuses_windows_with_missing_future_values(name, holes):
-    model = tiny(name)
-    rows = [np.arange(n) for n in ROWS]
-    windows = sum(n - CONTEXT - HORIZON + 1 for n in ROWS)
-    bad = 0  # windows whose horizon holds a null of f0 or f1
-    for r, n in zip(rows, ROWS, strict=True):
+def _future_holes() -> tuple[int, list[tuple[int, int]]]:
+    """Return (all windows, (device, start) of each window whose horizon holds a null of f0 or
+    f1) of the ``holes`` panel."""
+    windows, bad = 0, []
+    for d, n in enumerate(ROWS):
+        r = np.arange(n)
         null = _holes(r, 0) | _holes(r, 1)
-        bad += sum(null[s + CONTEXT : s + CONTEXT + HORIZON].any() for s in range(n - 29))
-    with pytest.raises(ValueError, match=rf"^{bad} of {windows} windows have a missing target"):
-        hf.windows_for(model, holes, columns=["f0", "f1"])
-    with pytest.raises(ValueError, match="max_missing=0.0 .* future_missing='keep'"):
-        hf.windows_for(model, holes, columns=["f0", "f1"])
-    clean = hf.windows_for(model, holes, columns=["f0", "f1"], max_missing=0.0)
-    batch = first_batch(clean, batch_size=len(clean))
+        for s in range(n - CONTEXT - HORIZON + 1):
+            windows += 1
+            if null[s + CONTEXT : s + CONTEXT + HORIZON].any():
+                bad.append((d, s))
+    return windows, bad
+
+
+@pytest.mark.parametrize("name", ["PatchTSTForPrediction", "PatchTSMixerForPrediction"])
+def test_a_model_without_future_mask_leaves_out_exactly_the_windows_with_missing_targets(
+    name, holes
+):
+    model = tiny(name)
+    windows, bad = _future_holes()
+    with pytest.warns(UserWarning, match=rf"left out {len(bad)} of {windows} windows whose"):
+        ds = hf.windows_for(model, holes, columns=["f0", "f1"], keep=["device_id", "past_time"])
+    assert ds.missing_future == len(bad) and len(ds) == windows - len(bad)
+    batch = first_batch(ds, batch_size=len(ds))
+    got = {
+        (int(d), (int(t) - int(d)) // (int(d) % 3 + 1))  # synthetic.panel_device_times
+        for d, t in zip(batch.pop("device_id"), batch.pop("past_time")[:, 0], strict=True)
+    }
+    every = {(d, s) for d, n in enumerate(ROWS) for s in range(n - CONTEXT - HORIZON + 1)}
+    assert got == every - set(bad)  # exactly the windows with complete horizons
+    mask = next(v for k, v in batch.items() if k.endswith("observed_mask"))
+    assert (mask == 0).any()  # past gaps kept, masked
+    assert not any(v.isnan().any() for v in batch.values())
     assert np.isfinite(loss(model.eval(), batch))
-    plain = TsFileWindowDataset(holes, CONTEXT, HORIZON, return_dict=True, max_missing=0.0)
+
+
+@pytest.mark.parametrize("name", ["PatchTSTForPrediction", "PatchTSMixerForPrediction"])
+def test_future_missing_error_refuses_and_proposes_a_fix_that_leaves_windows(name, holes):
+    model = tiny(name)
+    windows, bad = _future_holes()
+    with pytest.raises(ValueError, match=rf"^{len(bad)} of {windows} windows have a missing") as e:
+        hf.windows_for(model, holes, columns=["f0", "f1"], future_missing="error")
+    assert f"train on the {windows - len(bad)} others" in str(e.value)
+    # the fix it proposes works on this data
+    clean = hf.windows_for(model, holes, columns=["f0", "f1"], future_missing="drop")
+    assert len(clean) == windows - len(bad) > 0
+    plain = TsFileWindowDataset(holes, CONTEXT, HORIZON, return_dict=True, max_future_missing=0.0)
+    assert len(plain) == len(clean)
     assert first_batch(plain, batch_size=len(plain))["future_observed_mask"].eq(1).all()
 
 
 def test_keeping_missing_future_values_is_an_opt_in_that_trains_on_the_fill(holes):
     model = tiny("PatchTSTForPrediction").eval()
     ds = hf.windows_for(model, holes, columns=["f0", "f1"], future_missing="keep", keep="device_id")
-    assert ds.missing_future is None  # not counted: the caller opted in
+    windows, bad = _future_holes()
+    assert ds.missing_future == len(bad) and len(ds) == windows  # counted, all served
     batch = first_batch(ds, batch_size=len(ds))
     assert not any(v.isnan().any() for v in batch.values())  # fill="nan" became 0
     assert (batch["future_values"] == 0).any() and (batch["past_observed_mask"] == 0).any()
@@ -363,8 +395,8 @@ def test_static_features_come_from_the_device_index_when_asked(panel):
          r"context_length comes from context_length \(\+ max\(lags_sequence\)\)"),
         ("PatchTSMixerForPrediction", {}, {"targets": ["f0"]},
          r"targets \['f0'\] must be the columns \['f0', 'f1'\]"),
-        ("PatchTSMixerForPrediction", {}, {"future_missing": "drop"},
-         r"future_missing must be one of 'error', 'keep'; got 'drop'"),
+        ("PatchTSMixerForPrediction", {}, {"future_missing": "skip"},
+         r"future_missing must be one of 'drop', 'error', 'keep'; got 'skip'"),
     ],
 )  # fmt: skip
 def test_a_config_that_does_not_fit_the_windows_is_an_error_naming_both(

@@ -16,13 +16,18 @@ feature, static categorical features, both masks; univariate ones take ``(batch,
 
 Note: no future mask. PatchTST's and PatchTSMixer's forward take no future observed mask (and
 ``**kwargs`` would swallow one): a missing target value in a window's horizon would be trained
-on as whatever fills it (NaN with ``fill="nan"``: a NaN loss). So with
-``future_missing="error"`` (the default) :func:`windows_for` reads every window's future mask
-once when it is built and refuses windows with a missing future target, naming how many and
-the fixes: ``max_missing=0.0`` (the window dataset leaves out every window with a missing
-value) or ``future_missing="keep"``, an explicit opt-in where the filled values are targets.
-Missing past values are set to 0 and masked for every family (the models scale with the mask;
-NaN in the past reaches their loss through the scaler and the lags).
+on as whatever fills it (NaN with ``fill="nan"``: a NaN loss). So by default
+(``future_missing="drop"``, what GluonTS-style training does) :func:`windows_for` leaves out
+the windows whose horizon has a missing target (``max_future_missing=0.0`` on the window
+dataset), keeps the windows with gaps in the past (masked), and says once how many windows it
+left out of how many. ``future_missing="error"`` refuses windows with a missing future target
+instead (after any ``max_future_missing=`` the caller gave), naming how many and only fixes that
+leave windows on the data at hand; ``"keep"`` is an explicit opt-in where the filled values are
+targets. For these models ``ds.missing_future`` counts the windows (before filtering) with a
+missing target, whichever the option; the window dataset reads each device once at build for
+it unless the metadata and the grid show no target value can be missing. Missing past values
+are set to 0 and masked for every family (the models scale with the mask; NaN in the past
+reaches their loss through the scaler and the lags).
 
 Note: age feature. Hugging Face's recipes for the lag family (GluonTS's ``AddAgeFeature``)
 append ``log10(2 + row)`` to the time features, ``row`` the step's row of its device counted
@@ -40,7 +45,7 @@ import numpy as np
 import torch
 
 from tsfile_torch.data.windows import TsFileWindowDataset, WindowBatch
-from tsfile_torch.errors import warn_caller
+from tsfile_torch.errors import SchemaError, warn_caller
 
 __all__ = [
     "FAMILIES",
@@ -53,15 +58,14 @@ __all__ = [
     "windows_for",
 ]
 
-#: ``"error"``: refuse windows with a missing future target where the model has no future
-#: mask (Note: no future mask); ``"keep"``: serve them, the filled values as targets.
-FUTURE_MISSING = ("error", "keep")
+#: where the model has no future mask (Note: no future mask): ``"drop"`` leaves out windows with
+#: a missing future target; ``"error"`` refuses them; ``"keep"`` serves them, the filled values
+#: as targets.
+FUTURE_MISSING = ("drop", "error", "keep")
 #: where static categorical features come from: each device's tag codes, or its index
 STATIC_CATEGORICAL = ("tags", "device")
 #: keys of the window dataset that no model takes, which ``keep=`` may add to the items
 KEEPABLE = ("past_time", "future_time", "device_id")
-#: windows per read while checking future masks (Note: no future mask)
-_SCAN_WINDOWS = 4096
 
 
 @dataclasses.dataclass(frozen=True)
@@ -225,14 +229,11 @@ class HFWindows(TsFileWindowDataset):
 
     kind = "model window dataset"
     inputs: ModelInputs | None = None  # (split_by_time builds its parts without __init__)
-    missing_future: int | None = None
 
     def __init__(self, *args, inputs: ModelInputs | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         #: how items become forward arguments (None: plain dict items)
         self.inputs = inputs
-        #: windows with a missing future target, counted by the check (None: not counted)
-        self.missing_future: int | None = None
 
     @property
     def forward_keys(self) -> list[str]:
@@ -317,7 +318,7 @@ def windows_for(
     columns: Sequence[str] | str | None = None,
     targets: Sequence[str] | str | None = None,
     *,
-    future_missing: str = "error",
+    future_missing: str = "drop",
     age: bool = True,
     static_categorical: str = "tags",
     keep: Sequence[str] = (),
@@ -339,11 +340,12 @@ def windows_for(
             numeric field the devices share).
         targets: ``None`` or the same fields as ``columns`` (these models forecast the series
             they read).
-        future_missing: ``"error"`` (default) or ``"keep"``, for models with no future mask
-            (PatchTST, PatchTSMixer; Note: no future mask). ``"keep"`` serves windows whose
-            horizon has a missing target value, and the model LEARNS THE FILLED VALUE there as
-            if it had been read: 0 with ``fill="nan"`` / ``"zero"``, the last value of the
-            window with ``fill="ffill"``. Ignored by the lag family, whose loss takes the mask.
+        future_missing: for models with no future mask (PatchTST, PatchTSMixer; Note: no
+            future mask): ``"drop"`` (default) leaves out the windows whose horizon has a
+            missing target value and warns once how many of how many; ``"error"`` refuses
+            them; ``"keep"`` serves them, and the model LEARNS THE FILLED VALUE there as if it
+            had been read: 0 with ``fill="nan"`` / ``"zero"``, the last value of the window
+            with ``fill="ffill"``. Ignored by the lag family, whose loss takes the mask.
         age: lag family: append the age feature to the time features (Note: age feature).
         static_categorical: lag family with ``num_static_categorical_features > 0``:
             ``"tags"`` (each device's tag codes, one feature per tag level, indices into
@@ -409,9 +411,25 @@ def windows_for(
                 f"{family.model} forecasts the series it reads; drop targets="
             )
     columns = columns if columns is not None else targets
-    ds = HFWindows(
-        sources, past, horizon, columns=columns, targets=columns, return_dict=True, **window_options
-    )
+    if not family.lags:  # Note: no future mask: count (and with "drop" leave out) such windows
+        given = window_options.get("max_future_missing")
+        window_options["max_future_missing"] = (
+            given if given is not None else (0.0 if future_missing == "drop" else 1.0)
+        )
+    try:
+        ds = HFWindows(
+            sources, past, horizon, columns=columns, targets=columns, return_dict=True,
+            **window_options,
+        )  # fmt: skip
+    except SchemaError as err:
+        if not family.lags and future_missing == "drop" and "max_future_missing" in str(err):
+            raise SchemaError(
+                f"every window has a missing target value in its horizon, and {family.model} "
+                f"takes no future mask, so future_missing='drop' leaves none ({err}). Pass "
+                f"future_missing='keep' to train on the filled values, or check the targets' "
+                f"null counts (tsfile_torch.list_devices) and freq="
+            ) from err
+        raise
     series = _count(config, family.channels)
     if series != len(ds.columns):
         raise ValueError(
@@ -484,37 +502,35 @@ def _check_static(family: Family, config, ds: HFWindows, source: str) -> str | N
 
 
 def _check_future(ds: HFWindows) -> None:
-    """Count windows with a missing future target where the model has no future mask, and
-    refuse them with future_missing="error" (Note: no future mask)."""
+    """Say how many windows with a missing future target were left out, or refuse those left
+    where the model has no future mask and ``future_missing="error"`` (Note: no future mask)."""
     inputs = ds.inputs
-    if inputs.family.lags or inputs.future_missing == "keep" or ds.max_missing == 0.0:
-        return  # masked by the loss, opted in, or no window has a missing value
-    bad, complete, first = 0, 0, None
-    try:
-        for lo in range(0, len(ds), _SCAN_WINDOWS):
-            indices = range(lo, min(lo + _SCAN_WINDOWS, len(ds)))
-            batch = ds.gather(list(indices))  # the plain windows (never a kept batch)
-            parts = dict(zip(batch.keys, batch.parts, strict=True))
-            missing = (parts["future_observed_mask"] == 0).flatten(1).any(1)
-            past_missing = (parts["past_observed_mask"] == 0).flatten(1).any(1)
-            if first is None and missing.any():
-                first = lo + int(missing.nonzero()[0, 0])
-            bad += int(missing.sum())
-            complete += int((~missing & ~past_missing).sum())
-    finally:
-        ds.close()  # the reader used here is not carried into workers
-    ds.missing_future = bad
-    if bad:
-        info = ds.window_info(first)
-        ds.close()
-        raise ValueError(
-            f"{bad} of {len(ds)} windows have a missing target value in their horizon (the "
-            f"first: window {first}, device {info.device!r} from row {info.start_row}) and "
-            f"{inputs.family.model} takes no future mask: it would train on the filled value "
-            f"(NaN with fill='nan'). Pass max_missing=0.0 to keep only the {complete} windows "
-            f"with no missing value at all, or future_missing='keep' to train on the filled "
-            f"values"
+    if inputs.family.lags or ds.filtered is None:
+        return  # masked by the loss
+    f, model = ds.filtered, inputs.family.model
+    if f.over_future and inputs.future_missing == "drop":
+        warn_caller(
+            f"left out {f.over_future:,} of {f.windows:,} windows whose horizon has a missing "
+            f"target value ({model} takes no future mask); {len(ds):,} windows are served, "
+            f"their missing past values masked. future_missing='keep' serves them with filled "
+            f"targets instead"
         )
+    if inputs.future_missing != "error" or not f.kept_missing_future:
+        return
+    bad = f.kept_missing_future
+    fixes = []
+    complete = len(ds) - bad
+    if complete:
+        fixes.append(
+            f"future_missing='drop' (the default) to leave them out and train on the "
+            f"{complete:,} others"
+        )
+    fixes.append("future_missing='keep' to train on the filled values")
+    raise ValueError(
+        f"{bad:,} of {len(ds):,} windows have a missing target value in their horizon and "
+        f"{model} takes no future mask: it would train on the filled value (NaN with "
+        f"fill='nan'). Pass {', or '.join(fixes)}"
+    )
 
 
 def _choice(name: str, value, allowed) -> str:

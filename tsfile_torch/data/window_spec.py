@@ -14,9 +14,11 @@ import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 
 from tsfile_torch.data.features import check_time_features
-from tsfile_torch.options import check_bool, check_choice, check_int
+from tsfile_torch.options import TIME_UNITS, check_bool, check_choice, check_int, to_timestamp
+from tsfile_torch.read.grid import GridSpec
 
 __all__ = ["DEVICE_WEIGHTS", "NORMALIZE_BY", "WindowSpec"]
 
@@ -49,6 +51,13 @@ class WindowSpec:
     min_context: int | None = None
     max_missing: float | None = None
     device_weights: str = "length"
+    #: the time grid (Note: time grid in :mod:`tsfile_torch.read.grid`): a fixed pandas
+    #: offset alias (``"15min"``), a ``timedelta`` or a number in the files' time unit
+    freq: str | int | None = None
+    origin: object = None
+    snap: bool = False
+    #: fraction of the horizon's target values a window may miss (None: any)
+    max_future_missing: float | None = None
 
     def __post_init__(self):
         set_ = lambda name, value: object.__setattr__(self, name, value)  # noqa: E731
@@ -72,6 +81,40 @@ class WindowSpec:
         )
         set_("max_missing", _fraction("max_missing", self.max_missing))
         set_("device_weights", check_choice("device_weights", self.device_weights, DEVICE_WEIGHTS))
+        set_("freq", _freq(self.freq))
+        set_("snap", check_bool("snap", self.snap))
+        if self.freq is None and (self.snap or self.origin is not None):
+            raise ValueError(
+                f"snap= and origin= place rows on the time grid of freq=; pass freq= with them "
+                f"(got snap={self.snap!r}, origin={self.origin!r})"
+            )
+        set_("max_future_missing", _fraction("max_future_missing", self.max_future_missing))
+        if self.max_future_missing is not None and not self.horizon:
+            raise ValueError(
+                "max_future_missing counts missing targets in the horizon; it needs horizon >= 1"
+            )
+
+    def grid(self, time_unit: str) -> GridSpec | None:
+        """Return the time grid in ``time_unit`` (None without ``freq``).
+
+        Raises:
+            ValueError: a step that is not a whole number of ``time_unit``.
+        """
+        if self.freq is None:
+            return None
+        step = self.freq
+        if not isinstance(step, int):
+            nanos = int(step.value if isinstance(step, pd.Timedelta) else step)
+            per_unit = 10**9 // TIME_UNITS[time_unit]
+            if nanos % per_unit:
+                raise ValueError(
+                    f"freq={self.freq!s} is not a whole number of the files' time unit "
+                    f"{time_unit!r}; pass time_unit= the unit the files are written in"
+                )
+            step = nanos // per_unit
+        origin = to_timestamp("origin", self.origin, time_unit)
+        label = str(self.freq) if isinstance(self.freq, int) else _alias(self.freq)
+        return GridSpec(step, origin, self.snap, label, time_unit)
 
     @property
     def padding(self) -> int:
@@ -94,6 +137,40 @@ def _names(name: str, value) -> tuple[str, ...] | None:
         if not isinstance(v, str):
             raise TypeError(f"{name} must hold names (str); got {v!r}")
     return tuple(dict.fromkeys(value))
+
+
+def _freq(value) -> int | pd.Timedelta | None:
+    """Return ``freq=`` as a step in the files' unit (int) or a Timedelta, checked."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"freq should be an offset alias like '15min', got freq={value!r}")
+    if isinstance(value, (int, np.integer)):
+        if value < 1:
+            raise ValueError(f"freq should be a positive step, but got freq={value!r}")
+        return int(value)
+    try:
+        if isinstance(value, str):
+            offset = pd.tseries.frequencies.to_offset(value)
+            step = pd.Timedelta(offset)  # fails for calendar offsets (months, business days)
+        else:
+            step = pd.Timedelta(value)
+    except (ValueError, TypeError) as err:
+        raise ValueError(
+            f"freq should be a fixed step: a pandas offset alias like '15min', '1h', '1s', "
+            f"a timedelta or a number in the files' time unit; got freq={value!r} ({err})"
+        ) from err
+    if step <= pd.Timedelta(0):
+        raise ValueError(f"freq should be a positive step, but got freq={value!r}")
+    return step
+
+
+def _alias(step: pd.Timedelta) -> str:
+    """Return a short name of a step (``"15min"``)."""
+    try:
+        return pd.tseries.frequencies.to_offset(step).freqstr
+    except ValueError:
+        return str(step)
 
 
 def _fraction(name: str, value) -> float | None:

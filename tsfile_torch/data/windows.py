@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 import numpy as np
+import pandas as pd
 import torch.utils.data as tud
 
 from tsfile_torch.catalog.devices import select_devices, tag_codes
@@ -44,8 +45,8 @@ from tsfile_torch.data.window_items import (
     window_loader_spec,
 )
 from tsfile_torch.data.window_spec import WindowSpec
-from tsfile_torch.errors import SchemaError
-from tsfile_torch.options import ReadOptions, to_timestamp
+from tsfile_torch.errors import SchemaError, warn_caller
+from tsfile_torch.options import TIME_UNITS, ReadOptions, format_timestamp, to_timestamp
 from tsfile_torch.read.blockcache import Block
 from tsfile_torch.read.core import ReadingCore, share_finalized_blocks
 from tsfile_torch.sampling import orders
@@ -113,6 +114,30 @@ class TsFileWindowDataset(View, tud.Dataset):
             the context's columns and the horizon's targets) exceeds it, in [0, 1]; ``None``
             keeps all. Cost: the selected fields of every device are read once when the
             dataset is built (and 8 bytes per kept window are held), so ``len(ds)`` is exact.
+        freq: place each device's rows on a regular time grid (Note: time grid in
+            :mod:`tsfile_torch.read.grid`): a fixed pandas offset alias (``"15min"``, ``"1h"``),
+            a ``timedelta`` or a number in the files' time unit (``time_unit=``, default
+            ``"ms"``). A grid step without a reading is a row whose values are missing (NaN,
+            masked in dict items, filled by ``fill=``, counted by ``max_missing`` and
+            ``max_future_missing``), so every window spans exactly ``(context_length +
+            horizon - 1) * freq``; ``stride``, ``min_context`` and ``split_by_time`` count grid
+            steps. A device's grid runs from its first reading to its last. A timestamp off the
+            grid is a SchemaError naming the device and the timestamp. ``None`` (default):
+            windows count rows, and a device with missing timestamps is warned about once
+            (its time column is read once at build to find them). Memory: 16 bytes per run of
+            consecutive readings (one run per hole, plus one), none per row.
+        origin: with ``freq``, a time the grid passes through (an integer in the files' time
+            unit, a datetime or an ISO string): devices whose first readings differ share its
+            phase (``origin="2024-01-01"`` puts 15-minute steps on the quarter hours).
+            Default: each device's first timestamp.
+        snap: with ``freq``, round each timestamp to the nearest step (half a step up) instead
+            of refusing those off the grid; two readings on one step are refused.
+        max_future_missing: leave out the windows whose horizon misses more than this
+            fraction of its target values (``0.0``: every window with a missing target), in
+            [0, 1], before ``future_missing`` checks (:mod:`tsfile_torch.hf`). Counted from
+            the metadata's null counts and the grid when they show nothing can be missing, else
+            by reading each device once at build. ``ds.filtered`` says how many windows each
+            filter left out.
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``read_backend``,
             ``dtype``, ``normalize`` (per field, every device alike), ``align`` (for fields of one
             device with different timestamps), ``fill`` (``"zero"`` / ``"ffill"`` fill nulls
@@ -163,6 +188,10 @@ class TsFileWindowDataset(View, tud.Dataset):
         min_context: int | None = None,
         max_missing: float | None = None,
         device_weights: str = "length",
+        freq=None,
+        origin=None,
+        snap: bool = False,
+        max_future_missing: float | None = None,
         **read_options,
     ):
         window = WindowSpec(
@@ -178,6 +207,10 @@ class TsFileWindowDataset(View, tud.Dataset):
             min_context,
             max_missing,
             device_weights,
+            freq,
+            origin,
+            snap,
+            max_future_missing,
         )
         order_spec = OrderSpec(
             orders.resolve_order(order, shuffle), seed, drop_last, shuffle_blocks, num_samples
@@ -224,16 +257,19 @@ class TsFileWindowDataset(View, tud.Dataset):
         ]
         # dict items carry observed masks: alignment leaves gaps NaN, the window fills them
         core.lay_out(chosen.catalog, tables, align_fill="nan" if self.return_dict else read.fill)
+        grid = window.grid(read.time_unit)
+        if grid is not None:  # Note: time grid
+            core.place_on_grid(grid, [f"device {d!r}" for d in chosen.names])
+            _warn_holes(self, core)
+        else:
+            _warn_gaps(self, core)
         _check_long_enough(self, core)
         names = [self._table_names(k) for k in range(len(self._devices))]
         core.finish(_normalizer(self, read.normalize), names, self._nulls_hint())
         self.items = _window_items(self, read)
         self._set_windows(np.full(len(self._devices), -self._padding, dtype=np.int64))
         if not len(self):
-            raise SchemaError(
-                f"every window has more than max_missing={self.max_missing} of its values "
-                f"missing; raise max_missing or pick other fields / devices"
-            )
+            raise SchemaError(_no_window_left(self))
         self.passes.check_sharding(1)
 
     @property
@@ -244,12 +280,14 @@ class TsFileWindowDataset(View, tud.Dataset):
     def _set_windows(self, lowest: np.ndarray) -> None:
         """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
 
-        Rows below 0 are left padding (``min_context``). With ``max_missing`` every device is
-        read once here and the windows over it are dropped.
+        Rows below 0 are left padding (``min_context``). With ``max_missing`` or
+        ``max_future_missing`` every device is read once here (unless the metadata shows no
+        value can be missing) and the windows over it are dropped; :attr:`filtered` counts them.
         """
-        keep = None
-        if self.max_missing is not None:
-            keep = lambda k, starts: _missing_fraction(self, k, starts) <= self.max_missing  # noqa: E731
+        keep, self.filtered = None, None
+        if self.max_missing is not None or self.max_future_missing is not None:
+            self.filtered = WindowFilter()
+            keep = lambda k, starts: _keep(self, k, starts)  # noqa: E731
         self.index = WindowIndex(
             [t.num_rows for t in self.core.tables],
             self.context_length + self.horizon,
@@ -277,6 +315,12 @@ class TsFileWindowDataset(View, tud.Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    @property
+    def missing_future(self) -> int | None:
+        """Windows (before filtering) with a missing target value in their horizon, counted
+        when a filter read the windows (``max_missing`` / ``max_future_missing``), else None."""
+        return None if self.filtered is None else self.filtered.missing_future
+
     def window_counts(self) -> dict[str, int]:
         """Windows per device."""
         return dict(zip(self._devices, self.index.counts().tolist(), strict=True))
@@ -291,6 +335,8 @@ class TsFileWindowDataset(View, tud.Dataset):
             "min_context": self.min_context,
             "max_missing": self.max_missing,
             "targets": list(self.targets),
+            "grid": repr(self.core.grid_spec),
+            "max_future_missing": self.max_future_missing,
         }
         return {**super().data_identity(), "windows": windows}
 
@@ -502,7 +548,8 @@ def _gather(ds, indices: Sequence[int], hand_over: bool = False):
 # what a window is, as attributes of the dataset (ds.context_length, ...): its WindowSpec's
 for _name in (
     "context_length", "horizon", "stride", "return_dict", "time_features", "normalize_by",
-    "min_context", "max_missing", "device_weights",
+    "min_context", "max_missing", "device_weights", "freq", "origin", "snap",
+    "max_future_missing",
 ):  # fmt: skip
     setattr(TsFileWindowDataset, _name, property(lambda self, n=_name: getattr(self.window, n)))
 
@@ -556,13 +603,153 @@ def _split_by_time(ds, t):
         window = window.replace(normalize_by=train.normalize_by)
         read = dataclasses.replace(read, normalize=train.normalizer)
     validation = type(ds).from_specs(sources, window, read, order, rank, world_size)
-    before = [table.num_rows for table in train.core.tables]  # each device's rows before t
+    if validation.core.grid_spec is not None:  # grid rows before t, holes included
+        before = [table.grid.steps_before(cut) for table in validation.core.tables]
+    else:
+        before = [table.num_rows for table in train.core.tables]  # each device's rows before t
     _forecast_from(validation, np.asarray(before, dtype=np.int64), cut)
     return train, validation
 
 
-def _missing_fraction(ds, k: int, starts: np.ndarray) -> np.ndarray:
-    """Return the fraction of missing (null or padded) values of each window of device k."""
+def _keep(ds, k: int, starts: np.ndarray) -> np.ndarray:
+    """Return which windows of device ``k`` starting at ``starts`` pass ``max_missing`` and
+    ``max_future_missing``, counting them in ``ds.filtered``."""
+    if ds.max_missing is None and not _may_miss_future(ds, k):
+        ds.filtered.add(len(starts), 0, 0, 0, 0)  # metadata: no target can be missing
+        return np.ones(len(starts), dtype=bool)
+    total, future = _missing_fraction(ds, k, starts)
+    ok_total = np.ones(len(starts), bool) if ds.max_missing is None else total <= ds.max_missing
+    ok_future = np.ones(len(starts), bool)
+    if ds.max_future_missing is not None:
+        ok_future = future <= ds.max_future_missing
+    kept = ok_total & ok_future
+    ds.filtered.add(
+        len(starts),
+        int((future > 0).sum()),
+        int((~ok_total).sum()),
+        int((~ok_future).sum()),
+        int((kept & (future > 0)).sum()),
+    )
+    return kept
+
+
+def _may_miss_future(ds, k: int) -> bool:
+    """Whether a target value of device ``k`` may be missing: a null in the metadata, a step
+    of the grid without a reading, or padding."""
+    table = ds.core.tables[k]
+    if table.alignment is not None or ds._padding:
+        return True
+    if table.grid is not None and table.grid.holes:
+        return True
+    cols = [ds.core.catalog.columns[table.columns[j]] for j in ds.items.y_pos]
+    return any(c.num_values is None or c.num_values < c.num_rows for c in cols)
+
+
+class WindowFilter:
+    """What ``max_missing`` / ``max_future_missing`` did (``ds.filtered``)."""
+
+    def __init__(self):
+        #: windows before filtering; those with a missing target value in their horizon;
+        #: those over ``max_missing``; those over ``max_future_missing``; windows kept that
+        #: still have a missing target value in their horizon
+        self.windows = self.missing_future = self.over_missing = self.over_future = 0
+        self.kept_missing_future = 0
+
+    def add(self, windows, missing_future, over_missing, over_future, kept_missing_future):
+        self.windows += windows
+        self.missing_future += missing_future
+        self.over_missing += over_missing
+        self.over_future += over_future
+        self.kept_missing_future += kept_missing_future
+
+    def __repr__(self) -> str:
+        return (
+            f"WindowFilter(windows={self.windows}, missing_future={self.missing_future}, "
+            f"over_missing={self.over_missing}, over_future={self.over_future}, "
+            f"kept_missing_future={self.kept_missing_future})"
+        )
+
+
+def _no_window_left(ds) -> str:
+    """The message when the filters leave no window: what each filter left out alone, and
+    only fixes that leave windows on this data."""
+    f = ds.filtered
+    parts = []
+    if ds.max_missing is not None:
+        parts.append(
+            f"max_missing={ds.max_missing} leaves out {f.over_missing} of {f.windows} windows"
+        )
+    if ds.max_future_missing is not None:
+        parts.append(
+            f"max_future_missing={ds.max_future_missing} leaves out {f.over_future} (a missing "
+            f"target value in the horizon)"
+        )
+    fixes = []
+    if ds.max_missing is not None and f.over_missing < f.windows:
+        fixes.append("drop max_missing=")
+    elif ds.max_missing is not None:
+        fixes.append("raise max_missing")
+    if ds.max_future_missing is not None and f.over_future < f.windows:
+        fixes.append("drop max_future_missing=")
+    elif ds.max_future_missing is not None:
+        fixes.append(
+            "raise max_future_missing (every horizon misses a target value: check the "
+            "targets' null counts with tsfile_torch.list_devices, or a coarser freq=)"
+        )
+    return (
+        f"no window is left: {'; '.join(parts)}; {' or '.join(fixes)}, or pick other fields / "
+        f"devices"
+    )
+
+
+def _warn_gaps(ds, core: ReadingCore) -> None:
+    """Without ``freq``: warn once when a device's timeline has missing timestamps (a step of
+    1.5 typical steps or more), naming it, the largest gap and ``freq=``."""
+    summaries = core.step_summaries()
+    #: each device's steps between consecutive timestamps (typical, largest)
+    ds.steps = dict(zip(ds._devices, summaries, strict=True))
+    gapped = [(d, s) for d, s in ds.steps.items() if s.has_gaps]
+    if not gapped:
+        return
+    name, worst = max(gapped, key=lambda ds_: ds_[1].largest / ds_[1].typical)
+    unit = ds.options.time_unit
+    at = format_timestamp(worst.largest_at, unit)
+    warn_caller(
+        f"{len(gapped)} of {len(ds._devices)} devices have missing timestamps, e.g. device "
+        f"{name!r}: typically {_span(worst.typical, unit)} between readings, but "
+        f"{_span(worst.largest, unit)} before {at}. Windows count rows, so a window over such "
+        f"a gap spans more time than its steps say and its masks show nothing missing; pass "
+        f"freq={_span(worst.typical, unit)!r} to place rows on a time grid where a missing "
+        f"timestamp is a missing (masked, counted) row"
+    )
+
+
+def _warn_holes(ds, core: ReadingCore) -> None:
+    """With ``freq``: warn when grid steps without a reading reach tuple items as NaN."""
+    holes = {d: t.grid.holes for d, t in zip(ds._devices, core.tables, strict=True)}
+    ds.steps = None
+    total = sum(holes.values())
+    if not total or ds._nulls_hint() is None:
+        return
+    worst = max(holes, key=holes.get)
+    warn_caller(
+        f"{total:,} steps of the freq={core.grid_spec.label!r} grid have no reading (device "
+        f"{worst!r}: {holes[worst]:,}); they reach the windows as NaN: {ds._nulls_hint()}"
+    )
+
+
+def _span(step: int, unit: str) -> str:
+    """Return a step in ``unit`` as a pandas offset alias (``"15min"``)."""
+    nanos = step * (10**9 // TIME_UNITS[unit])
+    try:
+        return pd.tseries.frequencies.to_offset(pd.Timedelta(nanos, "ns")).freqstr
+    except ValueError:
+        return f"{step}{unit}"
+
+
+def _missing_fraction(ds, k: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return the fraction of missing (null, padded or off-grid) values of each window of
+    device k, and of its horizon's target values."""
     table, n = ds.tables[k], ds.tables[k].num_rows
     miss_x, miss_y = np.zeros(n + 1, np.int64), np.zeros(n + 1, np.int64)
     for lo in range(0, n, ds.block_rows):
@@ -575,9 +762,10 @@ def _missing_fraction(ds, k: int, starts: np.ndarray) -> np.ndarray:
     c, h = ds.context_length, ds.horizon
     first = np.maximum(starts, 0)
     padded = (first - starts) * len(ds.items.x_pos)
-    missing = padded + miss_x[starts + c] - miss_x[first] + miss_y[starts + c + h]
-    missing -= miss_y[starts + c]
-    return missing / (c * len(ds.items.x_pos) + h * len(ds.items.y_pos))
+    future = miss_y[starts + c + h] - miss_y[starts + c]
+    missing = padded + miss_x[starts + c] - miss_x[first] + future
+    total = missing / (c * len(ds.items.x_pos) + h * len(ds.items.y_pos))
+    return total, future / max(h * len(ds.items.y_pos), 1)
 
 
 def _normalizer(ds, normalize) -> Normalizer | None:

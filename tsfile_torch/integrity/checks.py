@@ -385,7 +385,8 @@ class KeptRowsCheck:
     Args:
         catalog: the catalog the tables' columns index.
         tables: ``(columns, positional)`` of each table; an aligned table (not positional) holds
-            fill values, so only its timestamps are checked.
+            fill values, so only its timestamps are checked; an optional third item widens the
+            time range by that much on each side (timestamps snapped to a grid).
         dtype: dtype of the kept values.
         normalize: ``normalize(values, table)`` as the values were normalized (an affine map
             per column: bounds map to bounds), or None.
@@ -395,11 +396,12 @@ class KeptRowsCheck:
         self.dtype = np.dtype(dtype)
         self._times, self._bounds, self._names = [], [], []
         eps = float(np.finfo(self.dtype).eps)
-        for k, (columns, positional) in enumerate(tables):
+        for k, (columns, positional, *slack) in enumerate(tables):
             shards = [s for c in columns for s in catalog.columns[c].shards]
             self._names.append([catalog.columns[c].name for c in columns])
+            pad = slack[0] if slack else 0
             self._times.append(
-                (min(s.start_time for s in shards), max(s.end_time for s in shards))
+                (min(s.start_time for s in shards) - pad, max(s.end_time for s in shards) + pad)
                 if shards
                 else None
             )

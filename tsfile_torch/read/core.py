@@ -31,10 +31,11 @@ Example (no torch needed)::
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,6 +57,7 @@ from tsfile_torch.read import diskcache
 from tsfile_torch.read.align import Alignment, timelines_of
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.exchange import BlockExchange, fill_cache
+from tsfile_torch.read.grid import TIME_STRETCH, Grid, GridSpec, StepSummary, step_summary
 from tsfile_torch.read.memory import MemoryStore
 from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS, BatchReader, default_cache_bytes
 from tsfile_torch.read.stats import series_stats
@@ -76,19 +78,42 @@ class Table:
     columns: tuple[int, ...]
     num_rows: int
     alignment: Alignment | None = None
+    #: the rows on a regular time grid (``freq=``; Note: time grid in :mod:`.grid`)
+    grid: Grid | None = None
 
     def read(self, reader: BatchReader, start: int, stop: int, random_access: bool = False):
         """Return rows ``[start, stop)``: values ``(n, columns)`` in the reader's dtype, times."""
+        if self.grid is not None:
+            return self.grid.read(
+                lambda a, b: self._read(reader, a, b, random_access),
+                start,
+                stop,
+                len(self.columns),
+                reader.dtype,
+            )
+        return self._read(reader, start, stop, random_access)
+
+    def _read(self, reader: BatchReader, start: int, stop: int, random_access: bool):
+        """Return rows ``[start, stop)`` as read (positional or aligned), before any grid."""
         if self.alignment is not None:
             return self.alignment.read(reader, start, stop)
         return reader.read(start, stop, random_access=random_access, view=reader.view(self.columns))
 
     def take(self, reader: BatchReader, rows: np.ndarray):
         """Return rows ``rows`` (any order): values ``(n, columns)``, times."""
-        if self.alignment is None:
+        if self.alignment is None and self.grid is None:
             return reader.take(rows, view=reader.view(self.columns))
-        values, times = self.alignment.read(reader, int(rows.min()), int(rows.max()) + 1)
+        values, times = self.read(reader, int(rows.min()), int(rows.max()) + 1)
         return values[rows - rows.min()], times[rows - rows.min()]
+
+    def read_times(self, reader: BatchReader) -> Iterator[np.ndarray]:
+        """Yield the timestamps of the rows as read (before any grid), in stretches."""
+        if self.alignment is None:
+            yield from reader.times(self.columns)
+            return
+        n = len(self.alignment.times)
+        for a in range(0, n, TIME_STRETCH):
+            yield self.alignment.times[a : a + TIME_STRETCH]
 
 
 def _no_store(core: ReadingCore) -> None:
@@ -126,7 +151,12 @@ def kept_check(core: ReadingCore) -> Callable:
         def normalize(values, table):
             return core.normalizer(values, core._names[table])
 
-    tables = [(t.columns, t.alignment is None) for t in core.tables]
+    # a grid's steps without a reading are NaN (ignored by the bounds), and snapped timestamps
+    # may lie half a step outside the series' time range
+    tables = [
+        (t.columns, t.alignment is None, t.grid.step // 2 if t.grid is not None else 0)
+        for t in core.tables
+    ]
     return KeptRowsCheck(core.catalog, tables, core.dtype, normalize).problem
 
 
@@ -174,6 +204,8 @@ class ReadingCore:
         self.hand_over = False
         self.catalog: Catalog | None = None
         self.tables: list[Table] = []
+        #: the time grid every table is placed on (:meth:`place_on_grid`), or None
+        self.grid_spec: GridSpec | None = None
         self._shared: MemoryStore | None = None  # fork workers' too (:func:`share_store`)
         self._exchange: BlockExchange | None = None  # fork workers' (:func:`share_blocks`)
         self.normalizer = None
@@ -227,6 +259,32 @@ class ReadingCore:
         #: sums of decoded cells, shared with workers (Note: cell sums)
         grid = math.gcd(CELL_ROWS, self.block_rows, *decode_grid)
         self._cells = CellSums(catalog, grid) if self.options.check_statistics else None
+
+    def place_on_grid(self, spec: GridSpec, names: Sequence[str]) -> None:
+        """Place every table's rows on the time grid ``spec`` (Note: time grid in
+        :mod:`tsfile_torch.read.grid`), reading each table's time column once; ``names[k]``
+        names table ``k`` in errors.
+
+        Raises:
+            SchemaError: a timestamp off the grid (or two on one step with ``snap``).
+        """
+        reader = self.new_reader(self.catalog)  # no cell sums: only time columns are read
+        try:
+            for k, table in enumerate(self.tables):
+                grid = Grid.build(spec, table.read_times(reader), names[k])
+                self.tables[k] = dataclasses.replace(table, num_rows=grid.num_rows, grid=grid)
+        finally:
+            reader.close()
+        self.grid_spec = spec
+
+    def step_summaries(self) -> list[StepSummary]:
+        """Return the steps between consecutive timestamps of each table (its time column is
+        read once)."""
+        reader = self.new_reader(self.catalog)
+        try:
+            return [step_summary(table.read_times(reader)) for table in self.tables]
+        finally:
+            reader.close()
 
     def finish(
         self,
@@ -328,7 +386,7 @@ class ReadingCore:
             values, times = store.get(table, start, stop)
             return _copy(values, times, out)
         t = self.tables[table]
-        if out is not None and t.alignment is None and self.normalizer is None:
+        if out is not None and t.alignment is None and t.grid is None and self.normalizer is None:
             reader = self.reader
             values, times = reader.read(
                 start, stop, out[0], random_access=random_access, view=reader.view(t.columns)
@@ -688,6 +746,7 @@ def cache_key(core: ReadingCore) -> str | None:
             "dtype": np.dtype(core.dtype).str,
             "time": [o.start_time, o.end_time, core.catalog.start_time, core.catalog.end_time],
             "align": [o.align, o.fill],
+            "grid": repr(core.grid_spec),
             "normalize": repr(core.normalizer),
         }
     )

@@ -87,6 +87,24 @@ class GroupDecoder:
         #: called with a description of each native read before it starts, and with None after
         self.on_read = None
 
+    def group_times(self, group_index: int) -> np.ndarray:
+        """Return every timestamp of one read group (its time column only, one query)."""
+        group = self.catalog.groups[group_index]
+        info = self.catalog.files[group.file_index]
+        reader, handles = self.files.handles(group_index, group)
+        what = f"device {'.'.join(map(str, group.device))}, its timestamps"
+        return guarded_call(  # Note: guarded read
+            info,
+            what,
+            query_times,
+            reader,
+            handles[0],
+            group.aligned,
+            group.start_time,
+            group.end_time,
+            on_read=self.on_read,
+        )
+
     def index(self, group_index: int) -> TimeIndex:
         index = self._indexes.get(group_index)
         if index is None:

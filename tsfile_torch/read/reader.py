@@ -23,11 +23,12 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 
 import numpy as np
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
-from tsfile_torch.errors import SchemaError
+from tsfile_torch.errors import SKIP_HINT, SchemaError, TsFileFormatError
 from tsfile_torch.integrity.checks import StatisticsCheck
 from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
@@ -320,6 +321,26 @@ class BatchReader:
     def decoded_rows(self) -> int:
         """Rows decoded by native queries, summed over groups (what caches save)."""
         return self.decoder.decoded_rows
+
+    def times(self, columns: tuple[int, ...]) -> Iterator[np.ndarray]:
+        """Yield the timestamps of the rows of ``view(columns)``, one read group at a time
+        (their time columns only, no values decoded).
+
+        Raises:
+            TsFileFormatError: a group's time column disagrees with its metadata row count.
+        """
+        view = self.view(columns)
+        for gi in sorted(view.ref_groups, key=lambda g: view.groups[g].start_row):
+            times = self.decoder.group_times(gi)
+            group = view.groups[gi]
+            if len(times) != group.num_rows:
+                name = self.catalog.files[group.file_index].name
+                raise TsFileFormatError(
+                    f"{name}: device {'.'.join(map(str, group.device))} has {len(times)} "
+                    f"timestamps where its metadata counts {group.num_rows} rows; the file is "
+                    f"damaged or changed; {SKIP_HINT}"
+                )
+            yield times
 
     def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Read group-local rows ``[start, stop)`` of one read group (see
