@@ -48,7 +48,12 @@ from tsfile_torch.data.window_spec import WindowSpec
 from tsfile_torch.errors import SchemaError, warn_caller
 from tsfile_torch.options import TIME_UNITS, ReadOptions, format_timestamp, to_timestamp
 from tsfile_torch.read.blockcache import Block
-from tsfile_torch.read.core import ReadingCore, share_finalized_blocks
+from tsfile_torch.read.core import (
+    ReadingCore,
+    place_on_grid,
+    share_finalized_blocks,
+    step_summaries,
+)
 from tsfile_torch.sampling import orders
 from tsfile_torch.sampling.orders import OrderSpec
 from tsfile_torch.sampling.passes import Passes
@@ -115,29 +120,18 @@ class TsFileWindowDataset(View, tud.Dataset):
             keeps all. Cost: the selected fields of every device are read once when the
             dataset is built (and 8 bytes per kept window are held), so ``len(ds)`` is exact.
         freq: place each device's rows on a regular time grid (Note: time grid in
-            :mod:`tsfile_torch.read.grid`): a fixed pandas offset alias (``"15min"``, ``"1h"``),
-            a ``timedelta`` or a number in the files' time unit (``time_unit=``, default
-            ``"ms"``). A grid step without a reading is a row whose values are missing (NaN,
-            masked in dict items, filled by ``fill=``, counted by ``max_missing`` and
-            ``max_future_missing``), so every window spans exactly ``(context_length +
-            horizon - 1) * freq``; ``stride``, ``min_context`` and ``split_by_time`` count grid
-            steps. A device's grid runs from its first reading to its last. A timestamp off the
-            grid is a SchemaError naming the device and the timestamp. ``None`` (default):
-            windows count rows, and a device with missing timestamps is warned about once
-            (its time column is read once at build to find them). Memory: 16 bytes per run of
-            consecutive readings (one run per hole, plus one), none per row.
-        origin: with ``freq``, a time the grid passes through (an integer in the files' time
-            unit, a datetime or an ISO string): devices whose first readings differ share its
-            phase (``origin="2024-01-01"`` puts 15-minute steps on the quarter hours).
-            Default: each device's first timestamp.
-        snap: with ``freq``, round each timestamp to the nearest step (half a step up) instead
-            of refusing those off the grid; two readings on one step are refused.
-        max_future_missing: leave out the windows whose horizon misses more than this
-            fraction of its target values (``0.0``: every window with a missing target), in
-            [0, 1], before ``future_missing`` checks (:mod:`tsfile_torch.hf`). Counted from
-            the metadata's null counts and the grid when they show nothing can be missing, else
-            by reading each device once at build. ``ds.filtered`` says how many windows each
-            filter left out.
+            :mod:`tsfile_torch.read.grid`): a fixed pandas offset alias (``"15min"``), a
+            ``timedelta`` or a number in ``time_unit``. A step without a reading is a missing
+            row (NaN, masked, ``fill=`` and ``max_missing`` apply), so a window spans exactly
+            ``(context_length + horizon - 1) * freq``; ``stride``, ``min_context`` and
+            ``split_by_time`` count steps. ``None``: windows count rows, and missing
+            timestamps are warned about once (``ds.steps``).
+        origin, snap: with ``freq``: a time the grid passes through (default: each device's
+            first timestamp); round timestamps to the nearest step instead of refusing those
+            off the grid.
+        max_future_missing: leave out windows whose horizon misses more than this fraction
+            of its target values (``0.0``: any); ``ds.filtered`` counts what each filter
+            left out.
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``read_backend``,
             ``dtype``, ``normalize`` (per field, every device alike), ``align`` (for fields of one
             device with different timestamps), ``fill`` (``"zero"`` / ``"ffill"`` fill nulls
@@ -257,17 +251,12 @@ class TsFileWindowDataset(View, tud.Dataset):
         ]
         # dict items carry observed masks: alignment leaves gaps NaN, the window fills them
         core.lay_out(chosen.catalog, tables, align_fill="nan" if self.return_dict else read.fill)
-        grid = window.grid(read.time_unit)
-        if grid is not None:  # Note: time grid
-            core.place_on_grid(grid, [f"device {d!r}" for d in chosen.names])
-            _warn_holes(self, core)
-        else:
-            _warn_gaps(self, core)
+        _place_on_grid(self, core, window.grid(read.time_unit))
         _check_long_enough(self, core)
         names = [self._table_names(k) for k in range(len(self._devices))]
         core.finish(_normalizer(self, read.normalize), names, self._nulls_hint())
         self.items = _window_items(self, read)
-        self._set_windows(np.full(len(self._devices), -self._padding, dtype=np.int64))
+        _set_windows(self, np.full(len(self._devices), -self._padding, dtype=np.int64))
         if not len(self):
             raise SchemaError(_no_window_left(self))
         self.passes.check_sharding(1)
@@ -276,30 +265,6 @@ class TsFileWindowDataset(View, tud.Dataset):
     def _padding(self) -> int:
         """Rows of left padding the first window of a device may have (``min_context``)."""
         return self.window.padding
-
-    def _set_windows(self, lowest: np.ndarray) -> None:
-        """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
-
-        Rows below 0 are left padding (``min_context``). With ``max_missing`` or
-        ``max_future_missing`` every device is read once here (unless the metadata shows no
-        value can be missing) and the windows over it are dropped; :attr:`filtered` counts them.
-        """
-        keep, self.filtered = None, None
-        if self.max_missing is not None or self.max_future_missing is not None:
-            self.filtered = WindowFilter()
-            keep = lambda k, starts: _keep(self, k, starts)  # noqa: E731
-        self.index = WindowIndex(
-            [t.num_rows for t in self.core.tables],
-            self.context_length + self.horizon,
-            self.stride,
-            lowest,
-            keep,
-        )
-        if keep is not None:
-            self.close()  # the reader used here is not carried into workers
-        if self.device_weights == "uniform":  # a block per device with windows, equal weights
-            blocks = int((self.index.counts() > 0).sum())
-            self.order_spec = dataclasses.replace(self.order_spec, block_weights=(1.0,) * blocks)
 
     # -- items ------------------------------------------------------------------------------
     @property
@@ -571,7 +536,7 @@ def _forecast_from(ds, rows_before: np.ndarray, cut: int) -> None:
     """Keep the windows whose first new row (the horizon's first; with ``horizon=0`` the
     window's last) is device row ``rows_before[k]`` (the first at or after t) or later."""
     first = rows_before - ds.context_length + (0 if ds.horizon else 1)
-    ds._set_windows(np.maximum(first, -ds._padding))
+    _set_windows(ds, np.maximum(first, -ds._padding))
     if not len(ds.index):
         raise SchemaError(
             f"split_by_time: no device has a whole window "
@@ -609,6 +574,31 @@ def _split_by_time(ds, t):
         before = [table.num_rows for table in train.core.tables]  # each device's rows before t
     _forecast_from(validation, np.asarray(before, dtype=np.int64), cut)
     return train, validation
+
+
+def _set_windows(ds, lowest: np.ndarray) -> None:
+    """Number the windows: device ``k``'s start at rows ``lowest[k]``, + stride, ...
+
+    Rows below 0 are left padding (``min_context``). With ``max_missing`` or
+    ``max_future_missing`` every device is read once here (unless the metadata shows no
+    value can be missing) and the windows over it are dropped; ``ds.filtered`` counts them.
+    """
+    keep, ds.filtered = None, None
+    if ds.max_missing is not None or ds.max_future_missing is not None:
+        ds.filtered = WindowFilter()
+        keep = lambda k, starts: _keep(ds, k, starts)  # noqa: E731
+    ds.index = WindowIndex(
+        [t.num_rows for t in ds.core.tables],
+        ds.context_length + ds.horizon,
+        ds.stride,
+        lowest,
+        keep,
+    )
+    if keep is not None:
+        ds.close()  # the reader used here is not carried into workers
+    if ds.device_weights == "uniform":  # a block per device with windows, equal weights
+        blocks = int((ds.index.counts() > 0).sum())
+        ds.order_spec = dataclasses.replace(ds.order_spec, block_weights=(1.0,) * blocks)
 
 
 def _keep(ds, k: int, starts: np.ndarray) -> np.ndarray:
@@ -702,10 +692,20 @@ def _no_window_left(ds) -> str:
     )
 
 
+def _place_on_grid(ds, core: ReadingCore, grid) -> None:
+    """Place the devices' rows on ``grid`` (Note: time grid), or without one warn about
+    missing timestamps."""
+    if grid is None:
+        _warn_gaps(ds, core)
+        return
+    place_on_grid(core, grid, [f"device {d!r}" for d in ds._devices])
+    _warn_holes(ds, core)
+
+
 def _warn_gaps(ds, core: ReadingCore) -> None:
     """Without ``freq``: warn once when a device's timeline has missing timestamps (a step of
     1.5 typical steps or more), naming it, the largest gap and ``freq=``."""
-    summaries = core.step_summaries()
+    summaries = step_summaries(core)
     #: each device's steps between consecutive timestamps (typical, largest)
     ds.steps = dict(zip(ds._devices, summaries, strict=True))
     gapped = [(d, s) for d, s in ds.steps.items() if s.has_gaps]

@@ -59,12 +59,17 @@ from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.exchange import BlockExchange, fill_cache
 from tsfile_torch.read.grid import TIME_STRETCH, Grid, GridSpec, StepSummary, step_summary
 from tsfile_torch.read.memory import MemoryStore
-from tsfile_torch.read.reader import DEFAULT_BLOCK_ROWS, BatchReader, default_cache_bytes
+from tsfile_torch.read.reader import (
+    DEFAULT_BLOCK_ROWS,
+    BatchReader,
+    default_cache_bytes,
+    read_times,
+)
 from tsfile_torch.read.stats import series_stats
 from tsfile_torch.sources import expand_sources
 from tsfile_torch.sources.remote import RemoteOptions
 
-__all__ = ["STORES", "ReadingCore", "Table", "worker_id"]
+__all__ = ["STORES", "ReadingCore", "Table", "place_on_grid", "step_summaries", "worker_id"]
 
 _NUMPY_DTYPE = {"float64": np.float64}  # every other torch dtype is read as float32 first
 #: Largest integer magnitude below which every integer is exact in each float dtype.
@@ -109,7 +114,7 @@ class Table:
     def read_times(self, reader: BatchReader) -> Iterator[np.ndarray]:
         """Yield the timestamps of the rows as read (before any grid), in stretches."""
         if self.alignment is None:
-            yield from reader.times(self.columns)
+            yield from read_times(reader, self.columns)
             return
         n = len(self.alignment.times)
         for a in range(0, n, TIME_STRETCH):
@@ -259,32 +264,6 @@ class ReadingCore:
         #: sums of decoded cells, shared with workers (Note: cell sums)
         grid = math.gcd(CELL_ROWS, self.block_rows, *decode_grid)
         self._cells = CellSums(catalog, grid) if self.options.check_statistics else None
-
-    def place_on_grid(self, spec: GridSpec, names: Sequence[str]) -> None:
-        """Place every table's rows on the time grid ``spec`` (Note: time grid in
-        :mod:`tsfile_torch.read.grid`), reading each table's time column once; ``names[k]``
-        names table ``k`` in errors.
-
-        Raises:
-            SchemaError: a timestamp off the grid (or two on one step with ``snap``).
-        """
-        reader = self.new_reader(self.catalog)  # no cell sums: only time columns are read
-        try:
-            for k, table in enumerate(self.tables):
-                grid = Grid.build(spec, table.read_times(reader), names[k])
-                self.tables[k] = dataclasses.replace(table, num_rows=grid.num_rows, grid=grid)
-        finally:
-            reader.close()
-        self.grid_spec = spec
-
-    def step_summaries(self) -> list[StepSummary]:
-        """Return the steps between consecutive timestamps of each table (its time column is
-        read once)."""
-        reader = self.new_reader(self.catalog)
-        try:
-            return [step_summary(table.read_times(reader)) for table in self.tables]
-        finally:
-            reader.close()
 
     def finish(
         self,
@@ -542,6 +521,34 @@ class ReadingCore:
             if self._cells is not None and self._cells.shared:
                 out["_cells"] = None
         return out
+
+
+def place_on_grid(core: ReadingCore, spec: GridSpec, names: Sequence[str]) -> None:
+    """Place every table's rows of ``core`` on the time grid ``spec`` (Note: time grid in
+    :mod:`tsfile_torch.read.grid`), reading each table's time column once; ``names[k]`` names
+    table ``k`` in errors. Call between :meth:`ReadingCore.lay_out` and ``finish``.
+
+    Raises:
+        SchemaError: a timestamp off the grid (or two on one step with ``snap``).
+    """
+    reader = core.new_reader(core.catalog)  # no cell sums: only time columns are read
+    try:
+        for k, table in enumerate(core.tables):
+            grid = Grid.build(spec, table.read_times(reader), names[k])
+            core.tables[k] = dataclasses.replace(table, num_rows=grid.num_rows, grid=grid)
+    finally:
+        reader.close()
+    core.grid_spec = spec
+
+
+def step_summaries(core: ReadingCore) -> list[StepSummary]:
+    """Return the steps between consecutive timestamps of each table of ``core`` (its time
+    column is read once)."""
+    reader = core.new_reader(core.catalog)
+    try:
+        return [step_summary(table.read_times(reader)) for table in core.tables]
+    finally:
+        reader.close()
 
 
 def _keep_blocks(core: ReadingCore, table: int, rows: np.ndarray) -> None:

@@ -322,26 +322,6 @@ class BatchReader:
         """Rows decoded by native queries, summed over groups (what caches save)."""
         return self.decoder.decoded_rows
 
-    def times(self, columns: tuple[int, ...]) -> Iterator[np.ndarray]:
-        """Yield the timestamps of the rows of ``view(columns)``, one read group at a time
-        (their time columns only, no values decoded).
-
-        Raises:
-            TsFileFormatError: a group's time column disagrees with its metadata row count.
-        """
-        view = self.view(columns)
-        for gi in sorted(view.ref_groups, key=lambda g: view.groups[g].start_row):
-            times = self.decoder.group_times(gi)
-            group = view.groups[gi]
-            if len(times) != group.num_rows:
-                name = self.catalog.files[group.file_index].name
-                raise TsFileFormatError(
-                    f"{name}: device {'.'.join(map(str, group.device))} has {len(times)} "
-                    f"timestamps where its metadata counts {group.num_rows} rows; the file is "
-                    f"damaged or changed; {SKIP_HINT}"
-                )
-            yield times
-
     def read_group(self, group_index: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
         """Read group-local rows ``[start, stop)`` of one read group (see
         :meth:`~tsfile_torch.read.decode.GroupDecoder.read_group`)."""
@@ -526,6 +506,27 @@ class BatchReader:
         ref = self.cache.peek((twin, number))
         if ref is not None and np.array_equal(ref.times, block.times):
             block.verified = True
+
+
+def read_times(reader: BatchReader, columns: tuple[int, ...]) -> Iterator[np.ndarray]:
+    """Yield the timestamps of the rows of ``reader.view(columns)``, one read group at a time
+    (their time columns only, no values decoded).
+
+    Raises:
+        TsFileFormatError: a group's time column disagrees with its metadata row count.
+    """
+    view = reader.view(columns)
+    for gi in sorted(view.ref_groups, key=lambda g: view.groups[g].start_row):
+        times = reader.decoder.group_times(gi)
+        group = view.groups[gi]
+        if len(times) != group.num_rows:
+            name = reader.catalog.files[group.file_index].name
+            raise TsFileFormatError(
+                f"{name}: device {'.'.join(map(str, group.device))} has {len(times)} "
+                f"timestamps where its metadata counts {group.num_rows} rows; the file is "
+                f"damaged or changed; {SKIP_HINT}"
+            )
+        yield times
 
 
 def _fetch_blocks(reader: BatchReader, view: RowView, runs: dict) -> None:
