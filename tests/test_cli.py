@@ -1,14 +1,16 @@
-"""The command line: generate, inspect."""
+"""The command line: generate, inspect, --version, a help line for everything."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
+from importlib import metadata
 
 import pytest
 
 from tsfile_torch import SchemaError, TsFileIterableDataset, synthetic
-from tsfile_torch.cli import main
+from tsfile_torch.cli import build_parser, main
 
 
 def test_generate_then_inspect_reports_columns_from_metadata(tmp_path, capsys, column_names):
@@ -106,3 +108,36 @@ def test_a_user_error_prints_one_line_and_exits_2(tmp_path, capsys, argv, messag
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in captured.err
     assert re.search(rf"^tsfile-torch {argv[0]}: error: .*{message}", lines[0])
+
+
+def test_version_prints_the_installed_package_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0
+    assert capsys.readouterr().out == f"tsfile-torch {metadata.version('tsfile-torch')}\n"
+
+
+def _actions(parser: argparse.ArgumentParser, where: str):
+    """Yield (command, action) for every action of ``parser`` and its subcommands but -h."""
+    # argparse has no public way to list a parser's actions; _actions and _choices_actions have
+    # held them since Python 2.7
+    for action in parser._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        yield where, action
+        if isinstance(action, argparse._SubParsersAction):
+            for command in action._choices_actions:  # what `tsfile-torch -h` lists
+                yield where, command
+            for name, subparser in action.choices.items():
+                yield from _actions(subparser, f"{where} {name}")
+
+
+def test_every_subcommand_and_argument_has_a_help_line():
+    found = list(_actions(build_parser(), "tsfile-torch"))
+    assert {"tsfile-torch convert", "tsfile-torch inspect"} <= {w for w, _ in found}
+    missing = [
+        f"{where} {action.option_strings or action.dest}"
+        for where, action in found
+        if not (action.help or "").strip()
+    ]
+    assert missing == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import re
 
 import numpy as np
@@ -12,6 +13,7 @@ from tsfile import TsFileReader
 
 from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, write_dataframe
 from tsfile_torch.cli import main
+from tsfile_torch.convert import read_frame, sniff_separator
 
 DAY = pd.Timestamp("2024-01-31T00:00:00Z")
 #: (site, meter) -> number of rows; meter None is a device whose second tag is missing
@@ -189,8 +191,9 @@ REFUSALS = {
     "upper-case column": (
         _frame(Temp=[1.0, 2.0, 3.0]),
         {},
-        r"column 'Temp': TsFile stores names in lower case .*would write 'temp'\); rename it "
-        r"first \(pandas: df\.rename\(columns=str\.lower\); a CSV: its header\)",
+        r"column 'Temp': TsFile stores names in lower case .*would write 'temp'.*; pass "
+        r"lower_names=True \(command line: --lower-names\) to lower-case the names, or rename "
+        r"it first \(pandas: df\.rename\(columns=str\.lower\); a CSV: its header\)",
     ),
     "upper-case table": (
         _frame(),
@@ -350,8 +353,10 @@ def test_convert_command_reads_csv_and_parquet_with_iso_times(tmp_path, capsys, 
     out = tmp_path / "out.tsfile"
     argv = ["convert", str(source), str(out), "--table", "m", "--tags", "site", "--time", "ts"]
     assert main([*argv, "--types", "n=FLOAT"]) == 0
+    sniffed = f"{source}: separator ',', sniffed from the header (--sep to choose)\n"
     assert capsys.readouterr().out == (
-        f"wrote 3 rows of 2 devices to {out}: table 'm', fields load DOUBLE, n FLOAT; "
+        ("" if suffix == ".parquet" else sniffed)
+        + f"wrote 3 rows of 2 devices to {out}: table 'm', fields load DOUBLE, n FLOAT; "
         f"timestamps in ms\n"
     )
     got = read_back(out, "m", ["site", "load", "n"])
@@ -367,6 +372,7 @@ def test_convert_command_reads_csv_and_parquet_with_iso_times(tmp_path, capsys, 
         ([], r"out.tsfile: file exists; pass overwrite=True \(--overwrite\) to replace"),
         (["--types", "n"], r"--types takes COLUMN=TYPE pairs separated by commas; got 'n'"),
         (["--tags", "Site"], r"tag column 'Site' is not a column of the data"),
+        (["--sep", "::"], r"sep must be one character other than a quote or a line break"),
     ],
 )
 def test_convert_command_errors_are_one_line_and_exit_2(tmp_path, capsys, extra, message):
@@ -383,3 +389,150 @@ def test_an_input_of_unknown_format_is_refused_by_suffix(tmp_path, capsys):
     assert main(["convert", str(tmp_path / "in.xlsx"), str(tmp_path / "o.tsfile"), "--table", "m"])
     err = capsys.readouterr().err
     assert "cannot tell the format from the suffix '.xlsx'; the input must be one of .csv" in err
+
+
+# -- CSV separators and mixed-case headers -----------------------------------------------------
+
+
+def write_csv(path, sep: str, header=("ts", "site", "load", "n")) -> None:
+    """Six rows; row i: ts = 1000 + i, site "007" (odd i) or "010", load = i + 0.5, n = 10 * i."""
+    rows = [[1000 + i, "007" if i % 2 else "010", i + 0.5, 10 * i] for i in range(6)]
+    path.write_text("\n".join(sep.join(map(str, r)) for r in [header, *rows]) + "\n")
+
+
+def assert_six_rows(out) -> None:
+    got = read_back(out, "m", ["site", "load", "n"])  # by device, then time
+    order = [1, 3, 5, 0, 2, 4]
+    assert got["site"].tolist() == ["007"] * 3 + ["010"] * 3  # tags stay strings
+    assert got["time"].tolist() == [1000 + i for i in order]
+    assert got["load"].tolist() == [i + 0.5 for i in order]
+    assert got["n"].tolist() == [10 * i for i in order]
+
+
+@pytest.mark.parametrize(
+    "sep, extra, note",
+    [
+        (";", ["--sep", ";"], ""),
+        (";", [], "separator ';', sniffed from the header"),
+        ("\t", [], "separator '\\t', sniffed from the header"),
+        ("\t", ["--sep", "tab"], ""),
+        ("|", ["--sep", "\\t"], None),  # the wrong separator: refused, naming the right one
+    ],
+    ids=["semicolon given", "semicolon sniffed", "tab sniffed", "tab given", "wrong sep given"],
+)
+def test_convert_command_reads_csv_with_the_separator_given_or_sniffed(
+    tmp_path, capsys, sep, extra, note
+):
+    source, out = tmp_path / "in.csv", tmp_path / "out.tsfile"
+    write_csv(source, sep)
+    argv = ["convert", str(source), str(out), "--table", "m", "--tags", "site", "--time", "ts"]
+    code = main([*argv, *extra])
+    captured = capsys.readouterr()
+    if note is None:
+        assert code == 2 and not out.exists()
+        assert "its one column holds '|', so the CSV is likely separated by '|': read it with " in (
+            captured.err
+        )
+        assert "sep='|' (command line: --sep '|')" in captured.err
+        return
+    assert code == 0
+    lines = captured.out.splitlines()
+    assert lines[-1].startswith(f"wrote 6 rows of 2 devices to {out}")
+    assert lines[:-1] == ([f"{source}: {note} (--sep to choose)"] if note else [])
+    assert_six_rows(out)
+
+
+def test_read_frame_sniffs_the_separator_of_a_compressed_csv_and_logs_it(tmp_path, caplog):
+    source = tmp_path / "in.csv.gz"
+    frame = pd.DataFrame({"ts": [1, 2], "site": ["007", "010"], "load": [0.5, 1.5]})
+    frame.to_csv(source, sep=";", index=False)
+    with caplog.at_level("INFO", logger="tsfile_torch.convert"):
+        got = read_frame(source, ["site"])
+    pd.testing.assert_frame_equal(got, frame, check_dtype=False)
+    assert got["site"].tolist() == ["007", "010"]
+    assert f"{source}: separator ';', sniffed from the header" in caplog.text
+    assert sniff_separator(source) == ";"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"sep": ";;"}, r"sep must be one character other than a quote or a line break, e\.g\."),
+        ({"sep": "\n"}, r"sep must be one character .*; got '\\n'"),
+    ],
+)
+def test_read_frame_refuses_a_separator_that_is_not_one_character(tmp_path, kwargs, message):
+    write_csv(tmp_path / "in.csv", ";")
+    with pytest.raises(ValueError, match=message):
+        read_frame(tmp_path / "in.csv", **kwargs)
+
+
+def test_a_separator_given_for_parquet_is_refused(tmp_path):
+    pd.DataFrame({"ts": [1], "v": [1.0]}).to_parquet(tmp_path / "in.parquet")
+    with pytest.raises(ValueError, match=r"in\.parquet: sep applies to CSV input; this file is"):
+        read_frame(tmp_path / "in.parquet", sep=";")
+
+
+def test_a_data_frame_of_one_column_holding_separators_is_refused_with_the_separator(tmp_path):
+    df = pd.read_csv(io.StringIO("ts;v\n1;2.5\n"))  # read with the wrong separator
+    message = (
+        r"time column 'ts' is neither a column nor the index of the data \(columns: "
+        r"\['ts;v'\]\); its one column holds ';', so the CSV is likely separated by ';': read it "
+        r"with sep=';' \(command line: --sep ';'\); else pass time="
+    )
+    with pytest.raises(ValueError, match=message):
+        write_dataframe(df, tmp_path / "o.tsfile", table="t", time="ts")
+
+
+def test_mixed_case_headers_are_written_in_lower_case_with_lower_names(tmp_path, capsys):
+    source, out = tmp_path / "in.csv", tmp_path / "out.tsfile"
+    write_csv(source, ",", header=("TS", "Site", "Load", "nCount"))
+    argv = ["convert", str(source), str(out), "--table", "m", "--tags", "Site", "--time", "TS"]
+    assert main([*argv, "--types", "nCount=INT64", "--lower-names"]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote 6 rows of 2 devices to {out}: table 'm', fields load DOUBLE, ncount INT64; "
+        f"timestamps in ms"
+    )
+    got = read_back(out, "m", ["site", "load", "ncount"])
+    order = [1, 3, 5, 0, 2, 4]
+    assert got["site"].tolist() == ["007"] * 3 + ["010"] * 3  # 'Site' was read as strings
+    assert got["time"].tolist() == [1000 + i for i in order]
+    assert got["load"].tolist() == [i + 0.5 for i in order]
+    assert got["ncount"].tolist() == [10 * i for i in order]
+    rows = TsFileIterableDataset(out, columns=["m.007.load", "m.007.ncount"], batch_size=3)
+    values = next(iter(rows)).numpy()
+    np.testing.assert_array_equal(values, [[1.5, 10.0], [3.5, 30.0], [5.5, 50.0]])
+
+
+def test_mixed_case_headers_without_lower_names_are_refused_naming_the_flag(tmp_path, capsys):
+    source, out = tmp_path / "in.csv", tmp_path / "out.tsfile"
+    write_csv(source, ";", header=("ts", "site", "Load", "n"))
+    argv = ["convert", str(source), str(out), "--table", "m", "--tags", "site", "--time", "ts"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("tsfile-torch convert: error: column 'Load': ")
+    assert "pass lower_names=True (command line: --lower-names) to lower-case the names" in err[0]
+    assert list(tmp_path.iterdir()) == [source]
+
+
+def test_lower_names_in_python_lowers_the_names_given_too_and_refuses_a_clash(tmp_path):
+    df = pd.DataFrame({"Step": [2, 1], "Unit": ["a", "a"], "Load": [2.5, 1.5]}).set_index("Step")
+    done = write_dataframe(
+        df,
+        tmp_path / "l.tsfile",
+        table="t",
+        tags=["Unit"],
+        time="Step",
+        types={"Load": "FLOAT"},
+        lower_names=True,
+    )
+    assert done.devices == ["t.a"] and done.fields == {"load": "FLOAT"}
+    got = read_back(tmp_path / "l.tsfile", "t", ["unit", "load"])
+    assert got["time"].tolist() == [1, 2] and got["load"].tolist() == [1.5, 2.5]
+    assert list(df.columns) == ["Unit", "Load"]  # the caller's frame is left as it was
+
+    clash = pd.DataFrame({"time": [1], "Temp": [1.0], "temp": [2.0]})
+    message = r"columns \['Temp', 'temp'\] would all be named 'temp' with lower-case names"
+    with pytest.raises(ValueError, match=message):
+        write_dataframe(clash, tmp_path / "c.tsfile", table="t", lower_names=True)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["l.tsfile"]

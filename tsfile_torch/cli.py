@@ -1,4 +1,4 @@
-"""Command line: ``tsfile-torch bench | convert | inspect | generate | manifest | verify``."""
+"""Command line: ``tsfile-torch bench|inspect|convert|generate|manifest|verify|cache``."""
 
 from __future__ import annotations
 
@@ -249,16 +249,20 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _convert(args: argparse.Namespace) -> int:
-    from tsfile_torch.convert import read_frame, write_dataframe
+    from tsfile_torch.convert import input_format, read_frame, sniff_separator, write_dataframe
 
     tags = [t for t in args.tags.split(",") if t] if args.tags else []
     types = {}
     for item in args.types.split(",") if args.types else []:
-        name, sep, kind = item.partition("=")
-        if not sep:
+        name, equals, kind = item.partition("=")
+        if not equals:
             raise ValueError(f"--types takes COLUMN=TYPE pairs separated by commas; got {item!r}")
         types[name] = kind
-    df = read_frame(args.input, tags)
+    sep = {"tab": "\t", "\\t": "\t"}.get(args.sep, args.sep)
+    if sep is None and input_format(args.input) == "csv":
+        sep = sniff_separator(args.input)
+        print(f"{args.input}: separator {sep!r}, sniffed from the header (--sep to choose)")
+    df = read_frame(args.input, tags, sep=sep, lower_names=args.lower_names)
     done = write_dataframe(
         df,
         args.output,
@@ -268,6 +272,7 @@ def _convert(args: argparse.Namespace) -> int:
         types=types,
         time_unit=args.time_unit,
         overwrite=args.overwrite,
+        lower_names=args.lower_names,
     )
     print(done.describe())
     return 0
@@ -360,9 +365,31 @@ def _cache(args: argparse.Namespace) -> int:
     return 0
 
 
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version("tsfile-torch")
+    except metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        from tsfile_torch import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tsfile-torch", description="TsFile datasets for PyTorch")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version",
+        action="version",
+        version=f"%(prog)s {_version()}",
+        help="print the version of tsfile-torch and exit",
+    )
+    sub = parser.add_subparsers(
+        dest="command",
+        required=True,
+        metavar="COMMAND",
+        help="what to do (COMMAND -h: its options)",
+    )
 
     b = sub.add_parser("bench", help="epoch-throughput benchmark beside TsFileDataFrame")
     b.add_argument(
@@ -372,13 +399,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--cache-dir", help="where the reference dataset is generated")
     b.add_argument("--columns", nargs="+", help="column names or glob patterns")
-    b.add_argument("--batch-size", type=int, default=8192)
+    b.add_argument("--batch-size", type=int, default=8192, help="rows per batch (default: 8192)")
     b.add_argument("--rounds", type=int, help="balanced rounds (default 6, quick 1)")
     b.add_argument(
         "--backends",
         nargs="+",
         choices=["auto", "mmap", "pread"],
         default=["auto", "mmap", "pread"],
+        help="read backends to time (default: all three)",
     )
     b.add_argument(
         "--workers",
@@ -387,7 +415,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="DataLoader workers (default 0 1 2; URL: 0; windows: 0 2)",
     )
     b.add_argument(
-        "--caches", nargs="+", choices=["none", "memory", "disk"], default=["none", "memory"]
+        "--caches",
+        nargs="+",
+        choices=["none", "memory", "disk"],
+        default=["none", "memory"],
+        help="dataset caches to time (default: none memory)",
     )
     b.add_argument(
         "--cold",
@@ -441,7 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.add_argument("--json", help="write one JSON record per configuration and round")
     b.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
-    b.add_argument("--no-progress", action="store_true")
+    b.add_argument("--no-progress", action="store_true", help="print no progress lines")
     b.add_argument(
         "--storage-options",
         help='with --data URL: fsspec options, JSON: \'{"endpoint_url": "http://..."}\'',
@@ -486,15 +518,28 @@ def build_parser() -> argparse.ArgumentParser:
         default="ms",
         help="unit of the written timestamps; datetimes are converted to it (default: ms)",
     )
+    c.add_argument(
+        "--sep",
+        help="CSV separator, one character: ';', '|', tab (or '\\t') (default: the one of , ; "
+        "tab | that splits the header into the most columns, printed)",
+    )
+    c.add_argument(
+        "--lower-names",
+        action="store_true",
+        help="lower-case the column names (and those given to --tags, --time, --types): TsFile "
+        "stores names in lower case, so mixed-case names are refused without it",
+    )
     c.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     c.set_defaults(func=_convert)
 
     g = sub.add_parser("generate", help="write a synthetic table-model dataset")
-    g.add_argument("directory")
-    g.add_argument("--files", type=int, default=8)
-    g.add_argument("--devices", type=int, default=1)
-    g.add_argument("--fields", type=int, default=8)
-    g.add_argument("--rows", type=int, default=131072)
+    g.add_argument("directory", help="where the files are written (created if missing)")
+    g.add_argument("--files", type=int, default=8, help="number of files (default: 8)")
+    g.add_argument("--devices", type=int, default=1, help="devices per file (default: 1)")
+    g.add_argument("--fields", type=int, default=8, help="fields per device (default: 8)")
+    g.add_argument(
+        "--rows", type=int, default=131072, help="rows per device and file (default: 131072)"
+    )
     g.set_defaults(func=_generate)
 
     m = sub.add_parser(
@@ -502,7 +547,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write DIR/tsfile-torch-manifest.json: size and content hash of every TsFile under "
         "DIR, checked by datasets and `verify` before they read a file",
     )
-    m.add_argument("directory")
+    m.add_argument("directory", help="the directory whose TsFiles are listed")
     m.set_defaults(func=_manifest)
 
     v = sub.add_parser(
@@ -521,7 +566,9 @@ def build_parser() -> argparse.ArgumentParser:
     v.set_defaults(func=_verify)
 
     k = sub.add_parser("cache", help='show or empty the decoded cache of cache="disk"')
-    k.add_argument("action", choices=["info", "clear"])
+    k.add_argument(
+        "action", choices=["info", "clear"], help="info: list the entries; clear: delete them"
+    )
     k.add_argument(
         "--cache-dir",
         help="the datasets' cache_dir (entries in CACHE_DIR/decoded; default "

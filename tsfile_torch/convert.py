@@ -7,16 +7,18 @@ Rows are sorted by device, then time (tsfile's writer refuses rows out of order)
 
 Note (refuse, never mangle): what TsFile cannot hold, or what tsfile's writer would silently
 change, is a ``ValueError`` naming the column and the fix, raised before anything is written:
-upper-case letters in names (tsfile lower-cases table and column names), ``'.'`` in the table or
-a field name (tsfile-torch names series ``table.tag1.tag2.field``), tag values that make two
-devices share one name, nulls or fractions in the time column, two rows of one device at one
-timestamp, and dtypes with no TsFile type (object columns that are not strings, complex,
-durations, dates, bytes...).
+upper-case letters in names (tsfile lower-cases table and column names; ``lower_names=True``
+lower-cases the column names instead), ``'.'`` in the table or a field name (tsfile-torch names
+series ``table.tag1.tag2.field``), tag values that make two devices share one name, nulls or
+fractions in the time column, two rows of one device at one timestamp, and dtypes with no TsFile
+type (object columns that are not strings, complex, durations, dates, bytes...).
 """
 
 from __future__ import annotations
 
 import contextlib
+import csv
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +32,17 @@ from tsfile import ColumnCategory, ColumnSchema, TableSchema, TSDataType, TsFile
 from tsfile_torch.catalog.build import device_name
 from tsfile_torch.options import TIME_UNITS, check_choice
 
-__all__ = ["FIELD_TYPES", "Conversion", "read_frame", "write_dataframe"]
+__all__ = [
+    "FIELD_TYPES",
+    "SEPARATORS",
+    "Conversion",
+    "input_format",
+    "read_frame",
+    "sniff_separator",
+    "write_dataframe",
+]
+
+logger = logging.getLogger(__name__)
 
 #: TsFile types a field can be written as, with the Arrow type tsfile's writer takes for each
 #: (TIMESTAMP values are int64 in ``time_unit``, handed over as Arrow ``timestamp[ns]``).
@@ -47,6 +59,9 @@ FIELD_TYPES = {
 
 #: Suffixes :func:`read_frame` reads, and how.
 INPUT_FORMATS = {".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
+
+#: CSV separators :func:`sniff_separator` chooses from; on a tie the earlier one wins.
+SEPARATORS = (",", ";", "\t", "|")
 
 
 @dataclass(frozen=True)
@@ -81,6 +96,7 @@ def write_dataframe(
     types: Mapping[str, str | TSDataType] | None = None,
     time_unit: str = "ms",
     overwrite: bool = False,
+    lower_names: bool = False,
 ) -> Conversion:
     """Write ``df`` into one table-model TsFile at ``path`` through tsfile's table writer.
 
@@ -104,6 +120,9 @@ def write_dataframe(
         time_unit: unit of the written timestamps: ``"s"``, ``"ms"`` (TsFile's usual unit),
             ``"us"`` or ``"ns"``; a datetime finer than the unit is refused, never truncated.
         overwrite: replace an existing file at ``path``.
+        lower_names: lower-case the column names (and the index name), and the names given in
+            ``tags``, ``time`` and ``types`` with them, instead of refusing upper-case letters
+            (TsFile stores names in lower case). The table name is not changed.
 
     Returns:
         What was written: rows, device names, field types.
@@ -116,6 +135,8 @@ def write_dataframe(
     if not isinstance(df, pd.DataFrame):
         raise TypeError(f"df should be a pandas DataFrame; got {type(df).__name__}")
     check_choice("time_unit", time_unit, tuple(TIME_UNITS))
+    if lower_names:
+        df, tags, time, types = _lowered(df, tags, time, types)
     tags, types = _check_columns(df, table, tags, time, types)
     if time not in df.columns:
         df = df.reset_index()  # the time is the index (checked above)
@@ -151,10 +172,50 @@ def write_dataframe(
     )
 
 
-def read_frame(path: str | os.PathLike, tags: Sequence[str] = ()) -> pd.DataFrame:
+def read_frame(
+    path: str | os.PathLike,
+    tags: Sequence[str] = (),
+    *,
+    sep: str | None = None,
+    lower_names: bool = False,
+) -> pd.DataFrame:
     """Read a CSV (``.csv``, also compressed: ``.csv.gz``...) or Parquet file into a DataFrame.
 
     CSV tag columns are read as strings, so ``"007"`` stays ``"007"``.
+
+    Args:
+        path: the file; its suffix tells the format (:func:`input_format`).
+        tags: the columns naming the device (read as strings from a CSV).
+        sep: the CSV separator, one character; None: the one of ``SEPARATORS`` that splits the
+            header line into the most columns (:func:`sniff_separator`; logged at INFO).
+        lower_names: lower-case the column names (``tags`` match them case-insensitively).
+
+    Raises:
+        ValueError: the suffix is neither CSV nor Parquet, ``sep`` is not one character, or
+            ``sep`` is given for a Parquet file.
+    """
+    name = os.fspath(path)
+    kind = input_format(name)
+    if kind == "parquet":
+        if sep is not None:
+            raise ValueError(f"{name}: sep applies to CSV input; this file is Parquet")
+        df = pd.read_parquet(name, engine="pyarrow")
+    else:
+        if sep is None:
+            sep = sniff_separator(name)
+            logger.info("%s: separator %r, sniffed from the header (sep= to choose)", name, sep)
+        _check_sep(sep)
+        text = {tag: str for tag in tags}
+        if lower_names and tags:  # a tag given as 'site' names the header's 'Site' too
+            wanted = {_lower(tag) for tag in tags}
+            header = pd.read_csv(name, sep=sep, nrows=0).columns
+            text.update({c: str for c in header if _lower(c) in wanted})
+        df = pd.read_csv(name, sep=sep, dtype=text)
+    return _lower_columns(df) if lower_names else df
+
+
+def input_format(path: str | os.PathLike) -> str:
+    """Return ``"csv"`` or ``"parquet"``, told by the suffix (``.csv.gz`` and the like are CSV).
 
     Raises:
         ValueError: the suffix is neither CSV nor Parquet.
@@ -164,14 +225,48 @@ def read_frame(path: str | os.PathLike, tags: Sequence[str] = ()) -> pd.DataFram
     if suffix in (".gz", ".bz2", ".xz", ".zst", ".zip"):
         suffix = os.path.splitext(stem)[1]
     kind = INPUT_FORMATS.get(suffix)
-    if kind == "csv":
-        return pd.read_csv(name, dtype={tag: str for tag in tags})
-    if kind == "parquet":
-        return pd.read_parquet(name, engine="pyarrow")
-    raise ValueError(
-        f"{name}: cannot tell the format from the suffix {suffix!r}; the input must be one of "
-        f"{', '.join(sorted(INPUT_FORMATS))} (CSV may be compressed: .csv.gz)"
+    if kind is None:
+        raise ValueError(
+            f"{name}: cannot tell the format from the suffix {suffix!r}; the input must be one "
+            f"of {', '.join(sorted(INPUT_FORMATS))} (CSV may be compressed: .csv.gz)"
+        )
+    return kind
+
+
+def sniff_separator(path: str | os.PathLike) -> str:
+    """Return the separator of a CSV file: the one of ``SEPARATORS`` that splits its header line
+    into the most columns (``','`` when none occurs in it).
+    """
+    # pandas reads the first line as one cell (a separator no header holds, quotes kept), so a
+    # compressed or BOM-prefixed file is opened exactly as the read that follows opens it
+    first = pd.read_csv(
+        os.fspath(path),
+        sep="\x1f",
+        header=None,
+        nrows=1,
+        dtype=str,
+        quoting=csv.QUOTE_NONE,
+        keep_default_na=False,
     )
+    return _separator_of(str(first.iat[0, 0]) if first.size else "")
+
+
+def _separator_of(line: str) -> str:
+    widths = {sep: len(next(csv.reader([line], delimiter=sep), [])) for sep in SEPARATORS}
+    return max(SEPARATORS, key=widths.__getitem__)  # the first of the widest: ',' on a tie
+
+
+def _check_sep(sep: Any) -> None:
+    if not isinstance(sep, str) or len(sep) != 1 or sep in '"\r\n':
+        raise ValueError(
+            f"sep must be one character other than a quote or a line break, e.g. ';' or '\\t' "
+            f"(command line: --sep ';', --sep tab); got {sep!r}"
+        )
+
+
+def _shown_sep(sep: str) -> str:
+    """Return ``sep`` as one would type it after ``--sep``."""
+    return "tab" if sep == "\t" else f"'{sep}'"
 
 
 # -- checks ------------------------------------------------------------------------------------
@@ -185,11 +280,12 @@ def _check_name(what: str, name: Any, dotted: bool) -> None:
         fix = (
             f"pass table={name.lower()!r} (command line: --table {name.lower()})"
             if what == "table"
-            else "rename it first (pandas: df.rename(columns=str.lower); a CSV: its header)"
+            else "pass lower_names=True (command line: --lower-names) to lower-case the names, "
+            "or rename it first (pandas: df.rename(columns=str.lower); a CSV: its header)"
         )
         raise ValueError(
             f"{what} {name!r}: TsFile stores names in lower case (tsfile's writer would write "
-            f"{name.lower()!r}); {fix}, so the names you read back are the names you wrote"
+            f"{name.lower()!r}, and you would read back a name you did not write); {fix}"
         )
     if dotted and "." in name:
         raise ValueError(
@@ -212,8 +308,8 @@ def _check_columns(df, table, tags, time, types) -> tuple[list[str], dict[str, s
     if time not in columns and df.index.name != time:
         raise ValueError(
             f"time column {time!r} is neither a column nor the index of the data (columns: "
-            f"{columns}); pass time=<the column holding the timestamps> (command line: "
-            f"--time COLUMN)"
+            f"{columns}); {_separator_hint(columns)}pass time=<the column holding the "
+            f"timestamps> (command line: --time COLUMN)"
         )
     for name in tags:
         if name not in columns:
@@ -240,6 +336,51 @@ def _check_columns(df, table, tags, time, types) -> tuple[list[str], dict[str, s
             f"TsFile's own time column; rename it, or pass time='time'"
         )
     return list(tags), _check_types(types, fields)
+
+
+def _separator_hint(columns: list) -> str:
+    """Say so when the data's one column looks like a CSV header split at the wrong separator."""
+    if len(columns) != 1 or not isinstance(columns[0], str):
+        return ""
+    sep = _separator_of(columns[0])
+    if sep not in columns[0]:
+        return ""
+    return (
+        f"its one column holds {sep!r}, so the CSV is likely separated by {sep!r}: read it "
+        f"with sep={sep!r} (command line: --sep {_shown_sep(sep)}); else "
+    )
+
+
+def _lower(name: Any) -> Any:
+    return name.lower() if isinstance(name, str) else name
+
+
+def _lowered(df: pd.DataFrame, tags, time, types):
+    """Return ``df`` with lower-case names (:func:`_lower_columns`), and ``tags``, ``time`` and
+    ``types`` naming its columns in lower case too.
+    """
+    if isinstance(tags, Sequence) and not isinstance(tags, str):
+        tags = [_lower(t) for t in tags]
+    if isinstance(types, Mapping):
+        types = {_lower(name): kind for name, kind in types.items()}
+    return _lower_columns(df), tags, _lower(time), types
+
+
+def _lower_columns(df: pd.DataFrame) -> pd.DataFrame:
+    """Return ``df`` with lower-case column and index names; refuse names only case told apart."""
+    by_name: dict[Any, list] = {}
+    for column in df.columns:
+        by_name.setdefault(_lower(column), []).append(column)
+    clashes = [found for found in by_name.values() if len(set(found)) > 1]
+    if clashes:
+        raise ValueError(
+            f"columns {clashes[0]} would all be named {_lower(clashes[0][0])!r} with lower-case "
+            f"names (lower_names=True, --lower-names); rename all but one of them first"
+        )
+    df = df.set_axis([_lower(c) for c in df.columns], axis="columns")
+    if isinstance(df.index.name, str):  # the time may be the index
+        df = df.rename_axis(index=df.index.name.lower())
+    return df
 
 
 def _check_types(types, fields: list[str]) -> dict[str, str]:
