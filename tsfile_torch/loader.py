@@ -12,7 +12,8 @@
   ``worker_init_fn``.
 - ``timeout`` defaults to :func:`default_timeout`; a worker that dies or stalls is a
   :class:`~tsfile_torch.WorkerError` naming the file and rows it was reading; ``pin_memory``
-  defaults to ``torch.cuda.is_available()``.
+  defaults to whether torch sees an accelerator that can pin, and ``pin_memory=True`` without
+  one warns once and hands out unpinned batches, as torch's DataLoader does.
 - With ``check_statistics`` on, an epoch that hands out every row once (a full pass of a row
   dataset on one rank, no random windows, no alignment or normalization) is checked at its end:
   each column's sum against the metadata (:class:`~tsfile_torch.integrity.checks.EpochSums`),
@@ -96,6 +97,21 @@ def default_timeout(dataset) -> float:
     every column. ``MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * block_rows * num_columns`` seconds.
     """
     return MIN_TIMEOUT_S + TIMEOUT_S_PER_VALUE * _spec(dataset).block_values
+
+
+def _pinnable() -> bool:
+    """Return whether batches can be pinned: torch sees an accelerator to copy them to.
+
+    ``torch.accelerator.is_available()`` where torch has it (2.6 and later), else
+    ``torch.cuda.is_available()``; MPS cannot pin (torch's DataLoader leaves it out too).
+    """
+    accelerator = getattr(torch, "accelerator", None)
+    if accelerator is None or not hasattr(accelerator, "is_available"):
+        return torch.cuda.is_available()
+    if not accelerator.is_available():
+        return False
+    current = accelerator.current_accelerator()
+    return current is None or current.type != "mps"
 
 
 def _spec(dataset) -> LoaderSpec:
@@ -495,7 +511,10 @@ def make_loader(
         batch_size: windows per batch for window views (required there); row datasets batch
             themselves (set ``batch_size`` on the dataset).
         num_workers: DataLoader worker processes (0 reads in the main process).
-        pin_memory: ``None`` pins when ``torch.cuda.is_available()``.
+        pin_memory: pin every batch (ring and kept batches included) for a faster copy to
+            the accelerator; ``None``: when torch sees one that can pin. ``True`` where
+            there is none warns once and hands out unpinned batches (``loader.pin_memory`` is
+            then False), as torch's DataLoader does.
         stateful: return a ``torchdata.stateful_dataloader.StatefulDataLoader`` (install
             ``tsfile-torch[resume]``) whose ``state_dict()`` / ``load_state_dict()`` resume
             mid-epoch, under the same or another number of workers and ranks.
@@ -541,7 +560,16 @@ def make_loader(
             stacklevel=2,
         )
     if pin_memory is None:
-        pin_memory = torch.cuda.is_available()
+        pin_memory = _pinnable()
+    elif check_bool("pin_memory", pin_memory) and not _pinnable():
+        # torch's DataLoader warns at every iterator and goes on unpinned; batches handed over
+        # through the ring or a store are pinned by the pass itself, which would raise here
+        warnings.warn(
+            "pin_memory=True but no accelerator is found (or it cannot pin, as MPS): batches "
+            "are not pinned",
+            stacklevel=2,
+        )
+        pin_memory = False
     if num_workers > 0:
         kwargs.setdefault("persistent_workers", True)
         if kwargs.get("multiprocessing_context") is None:

@@ -226,8 +226,10 @@ class ReadOptions:
             ``$XDG_CACHE_HOME/tsfile-torch/index``, a directory path, or ``False`` for memory.
         align: ``None``: columns (of a device, for windows) must share one timeline;
             ``"union"`` / ``"intersect"``: rows are the union / intersection of timestamps.
-        fill: with ``align``, what a column holds at a row without a sample: ``"nan"``,
-            ``"ffill"`` (last earlier sample, NaN before the first) or ``"zero"``.
+        fill: what a missing value holds: ``"nan"``, ``"ffill"`` or ``"zero"``. With
+            ``align``, a row where a series has no sample: its last earlier sample (NaN before
+            the first) or 0. A null: 0, or the last value read earlier in the same batch (row
+            datasets, Note: row fill in :mod:`tsfile_torch.data.rows`) or window (windows).
         normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std: one
             pass when the dataset is built) or a ``Normalizer`` naming every column.
         validate: check every file's metadata and first chunks in a child process when the

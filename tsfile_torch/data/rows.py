@@ -12,6 +12,20 @@ Their items depend on the order:
   places, new every epoch, rows inside a batch in time order;
 - ``"random"`` (``random_batches=N``): an item is a batch of consecutive rows starting at a
   uniformly random row, ``N`` per epoch.
+
+Note: row fill. ``fill=`` says what a null holds in a batch, with or without ``align=``:
+``"nan"`` leaves NaN, ``"zero"`` writes 0 (in the values handed out, after ``normalize=``),
+``"ffill"`` carries the last value of the column read earlier in the same batch, NaN before the
+first. A batch never borrows from outside itself, so it does not depend on which batches were
+read before it, by which process, or in what order (as a window's fill, see
+:func:`~tsfile_torch.data.features.fill_missing`). Batches of consecutive rows (every order but
+``"shuffle"``) carry along time; a ``"shuffle"`` batch holds rows from many places, where a
+carried value would be an unrelated row's: ``fill="ffill"`` with ``order="shuffle"`` is a
+ValueError when the metadata counts nulls in the selected columns (or cannot rule them out: a
+time range cut them). With ``align=``, a row where a series has no sample takes its fill as
+before, over the whole series (:mod:`tsfile_torch.read.align`: ffill carries the last earlier
+sample, from whatever batch; zero is a 0 read, then normalized); the batch's fill then applies to
+the nulls that remain.
 """
 
 from __future__ import annotations
@@ -24,7 +38,8 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch.catalog.build import lay_out
+from tsfile_torch.catalog.build import Catalog, lay_out
+from tsfile_torch.data.features import fill_missing
 from tsfile_torch.data.handover import as_tensor, batch_arrays
 from tsfile_torch.data.normalize import make_normalizer
 from tsfile_torch.data.view import (
@@ -100,10 +115,13 @@ class _Rows(View):
         catalog = lay_out(
             core.meta, columns, read.start_time, read.end_time, shared_timeline=read.align is None
         )
+        #: columns that hold nulls (metadata count; None: a time range cut it, not known)
+        self._nulls = _null_counts(catalog)
+        _check_fill(read.fill, name, self._nulls)
         every = tuple(range(len(catalog.columns)))
         core.lay_out(catalog, [(every, "columns")], decode_grid=(self.batch_size,))
         normalizer = make_normalizer(read.normalize, catalog.column_names, self.stats)
-        core.finish(normalizer, [catalog.column_names])
+        core.finish(normalizer, [catalog.column_names], _NULLS_HINTS[read.fill])
         warn_if_batch_exceeds_cache(read, self.batch_size, len(catalog.columns))
         self.passes.check_sharding()
 
@@ -202,7 +220,7 @@ class _Rows(View):
             )
         # a gather is a copy wherever it is made: made here, in the worker (into its ring
         # slot), not by the main process from its own mapping (Note: hand-over)
-        return self._as_batch(*core.take(0, np.sort(items), self._out(len(items))))
+        return self._as_batch(*core.take(0, np.sort(items), self._out(len(items))), gathered=True)
 
     def _start(self, epoch: int, order: str):
         """Return the reader for a pass of ``order`` in ``epoch``: a sequential streaming pass
@@ -222,7 +240,13 @@ class _Rows(View):
     def serve_kept(self, kept: KeptBatch):
         return self._read_items(*kept.request)
 
-    def _as_batch(self, values: np.ndarray, times: np.ndarray):
+    def _as_batch(self, values: np.ndarray, times: np.ndarray, gathered: bool = False):
+        """Return the batch handed out: ``values`` (the caller's arrays) filled in place
+        (Note: row fill), as tensors. ``gathered``: rows from many places (``"shuffle"``),
+        where ffill has no neighbour to carry from."""
+        fill = self.options.fill
+        if fill == "zero" or (fill == "ffill" and not gathered):
+            fill_missing(values[None], np.isnan(values)[None], fill, np.nan)
         tensor = as_tensor(values)
         if self.options.dtype not in ("float32", "float64"):
             tensor = tensor.to(getattr(torch, self.options.dtype))
@@ -256,6 +280,7 @@ class _Rows(View):
             and self.world_size == 1
             and self.tables[0].alignment is None
             and self.normalizer is None
+            and not (self.options.fill == "ffill" and self._nulls)  # carried values add up
         )
 
 
@@ -286,10 +311,13 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         rank, world_size: this process's DDP rank and the number of ranks; ``None`` (both):
             captured now (see Note: rank capture in :mod:`tsfile_torch.data.view`).
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``read_backend``,
-            ``dtype``, ``cache``, ``start_time``, ``align``, ``normalize``, ``validate``...).
+            ``dtype``, ``cache``, ``start_time``, ``align``, ``normalize``, ``validate``...);
+            ``fill`` fills nulls too, within each batch (Note: row fill in
+            :mod:`tsfile_torch.data.rows`).
 
     Raises:
-        TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: on bad input.
+        TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: on bad input;
+        ValueError for ``fill="ffill"`` with ``order="shuffle"`` over columns with nulls.
     """
 
     def __len__(self) -> int:
@@ -390,6 +418,44 @@ class TsFileDataset(_Rows, tud.Dataset):
         start = index * self.batch_size
         stop = min(start + self.batch_size, self.num_rows)
         return self._as_batch(*self.core.rows(0, start, stop, out=self._out(stop - start)))
+
+
+#: the hint of the nulls warning (Note: row fill); None: no null reaches a batch as NaN
+_NULLS_HINTS = {
+    "nan": "pass fill='zero' (or 'ffill': the last value read earlier in the batch, NaN before "
+    "the first), mask them with torch.isnan(batch), or replace them with torch.nan_to_num",
+    "ffill": "with fill='ffill' only those before a column's first value in a batch do (a batch "
+    "never borrows from outside itself): mask them with torch.isnan(batch), or pass fill='zero'",
+    "zero": None,
+}
+
+
+def _null_counts(catalog: Catalog) -> dict[str, int | None]:
+    """Return column name -> nulls the metadata counts (None: not known), for the columns that
+    hold some or may."""
+    out = {}
+    for c in catalog.columns:
+        if c.num_values is None or c.num_values < c.num_rows:
+            out[c.name] = None if c.num_values is None else c.num_rows - c.num_values
+    return out
+
+
+def _check_fill(fill: str, order: str, nulls: dict[str, int | None]) -> None:
+    """Raise ValueError for ``fill="ffill"`` over shuffled rows with nulls (Note: row fill)."""
+    if fill != "ffill" or order != "shuffle" or not nulls:
+        return
+    shown = ", ".join(
+        f"{name} ({'unknown: a time range cut it' if n is None else f'{n:,}'})"
+        for name, n in list(nulls.items())[:3]
+    )
+    more = f" and {len(nulls) - 3} more" if len(nulls) > 3 else ""
+    raise ValueError(
+        f"fill='ffill' fills a null with the last value read earlier in the same batch, and "
+        f"order='shuffle' batches hold rows from many places (a null would take an unrelated "
+        f"row's value); the metadata counts nulls in the selected columns, or cannot rule them "
+        f"out: {shown}{more}. Pass fill='zero', or order='batches' (batches of consecutive "
+        f"rows in a shuffled order)"
+    )
 
 
 _FETCHERS = ("_IterableDatasetFetcher", "_MapDatasetFetcher")
