@@ -196,43 +196,114 @@ def _time_range(item: dict, args: argparse.Namespace) -> str:
 
 def _inspect(args: argparse.Namespace) -> int:
     from tsfile_torch.catalog.build import survey
-    from tsfile_torch.integrity.validate import check_sources
+    from tsfile_torch.catalog.listing import VERIFY_HINT, list_devices
+    from tsfile_torch.errors import FileProblem
+    from tsfile_torch.integrity.validate import damaged_error, validate_sources
     from tsfile_torch.sources import expand_sources
 
     sources = expand_sources(args.sources, _remote_options(args))
-    check_sources(sources)  # a damaged file is an error, not a crash of this command
-    report = survey(sources, args.columns)
-    timelines, columns = report["timelines"], report["columns"]
+    # headers checked in a child first: damage that crashes tsfile's reader stays out of here
+    damaged = [(p.name, p.reason) for p in validate_sources(sources, "headers")]
+    good = [s for s in sources if s.name not in dict(damaged)]
+    listing = list_devices(good) if good else None
+    if listing is not None:
+        damaged += listing.skipped
+        good = [s for s in good if s.name not in dict(listing.skipped)]
+    if not good:  # nothing to show: the damage is the answer
+        raise damaged_error([FileProblem(name, reason) for name, reason in damaged])
+    report = survey(good, args.columns)
+    _add_listing(report, listing)
+    report["damaged"] = [
+        {"file": name, "reason": reason if "verify" in reason else f"{reason}; {VERIFY_HINT}"}
+        for name, reason in damaged
+    ]
+    timelines = report["timelines"]
     if len(timelines) == 1:  # the columns read together as one dataset
         report.update(
             num_rows=timelines[0]["num_rows"],
             start_time=timelines[0]["start_time"],
             end_time=timelines[0]["end_time"],
         )
-    for item in (report, *timelines):  # dates beside the raw numbers
+    for item in (report, *timelines, *report["devices"]):  # dates beside the raw numbers
         if "start_time" in item:
             item["start_date"] = format_timestamp(item["start_time"], args.time_unit)
             item["end_date"] = format_timestamp(item["end_time"], args.time_unit)
     report["time_unit"] = args.time_unit
     if args.json:
         print(json.dumps(report, indent=1))
-        return 0
+    else:
+        _print_inspect(report, args)
+    return 1 if damaged else 0
+
+
+def _add_listing(report: dict, listing) -> None:
+    """Put the device listing into ``inspect``'s report: each device's rows, clock and nulls,
+    each column's nulls, and timelines of the columns whose timestamps are equal as read (the
+    survey groups them by row count and time range alone)."""
+    columns = {c["name"]: c for c in report["columns"]}
+    groups = listing.timelines(list(columns))
+    for i, group in enumerate(groups):
+        for name in group:
+            columns[name]["timeline"] = i
+    report["timelines"] = [
+        {
+            "num_rows": columns[group[0]]["num_rows"],
+            "start_time": columns[group[0]]["start_time"],
+            "end_time": columns[group[0]]["end_time"],
+            "columns": group,
+        }
+        for group in groups
+    ]
+    for entry in report["devices"]:
+        info = listing[entry["name"]]
+        entry.update(
+            tags=info.tags,
+            fields=info.fields,
+            num_rows=info.num_rows,
+            start_time=info.start_time,
+            end_time=info.end_time,
+            median_step=info.median_step,
+            max_gap=info.max_gap,
+            nulls=info.nulls,
+            shared_timeline=info.shared_timeline,
+        )
+        for field, nulls in info.nulls.items():
+            if f"{info.name}.{field}" in columns:
+                columns[f"{info.name}.{field}"]["num_nulls"] = nulls
+
+
+def _print_inspect(report: dict, args: argparse.Namespace) -> None:
+    timelines, columns = report["timelines"], report["columns"]
     head = f"{len(report['files'])} files, {len(report['devices'])} devices, {len(columns)} columns"
     if len(timelines) == 1:
         print(f"{head}, {timelines[0]['num_rows']} rows, {_time_range(timelines[0], args)}")
     else:
         print(
             f"{head} on {len(timelines)} timelines: a dataset reads columns of one timeline "
-            f"(select them with --columns / columns=[...])"
+            f"(select them with --columns / columns=[...], or align them with align=)"
         )
+    for item in report["damaged"]:
+        print(f"  DAMAGED {item['file']} (left out): {item['reason']}")
     if report["left_out"]:
         print(f"  left out (not numeric): {', '.join(report['left_out'])}")
     print("devices:")
     for d in report["devices"]:
-        print(f"  {d['name']:<30} {len(d['columns'])} columns in {', '.join(d['files'])}")
-    print("timelines (columns sharing one time column):")
+        step = f"step {d['median_step']} (median), largest gap {d['max_gap']}"
+        if d["median_step"] is None:
+            step = "one row"
+        print(
+            f"  {d['name']:<30} {d['num_rows']} rows, {_time_range(d, args)}, {step}; "
+            f"{len(d['columns'])} columns in {', '.join(d['files'])}"
+        )
+    print("timelines (columns with equal timestamps, compared as read):")
+    seen: dict[tuple, int] = {}
     for i, t in enumerate(timelines):
-        print(f"  [{i}] {t['num_rows']} rows, {_time_range(t, args)}:")
+        shape = (t["num_rows"], t["start_time"], t["end_time"])
+        twin = ""
+        if shape in seen:
+            twin = f", same count and range as [{seen[shape]}] but other timestamps"
+        seen.setdefault(shape, i)
+        print(f"  [{i}] {t['num_rows']} rows, {_time_range(t, args)}{twin}:")
         by_device: dict[str, list[str]] = {}
         for name in t["columns"]:
             device, field = name.rsplit(".", 1)
@@ -243,9 +314,8 @@ def _inspect(args: argparse.Namespace) -> int:
     for r in columns:
         print(
             f"  {r['name']:<40} {r['dtype']:<9} timeline={r['timeline']} rows={r['num_rows']:<9} "
-            f"min={r['min']} max={r['max']} mean={r['mean']}"
+            f"nulls={r.get('num_nulls')} min={r['min']} max={r['max']} mean={r['mean']}"
         )
-    return 0
 
 
 def _convert(args: argparse.Namespace) -> int:
@@ -480,10 +550,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     b.set_defaults(func=_bench)
 
-    i = sub.add_parser("inspect", help="columns, rows and statistics from metadata")
-    i.add_argument("sources", nargs="+")
-    i.add_argument("--columns", nargs="+")
-    i.add_argument("--json", action="store_true")
+    i = sub.add_parser(
+        "inspect",
+        help="devices, columns, rows, steps, nulls and statistics (metadata and time columns); "
+        "a damaged file is listed as such (exit status 1) and the others shown",
+    )
+    i.add_argument("sources", nargs="+", help="files, directories, glob patterns or URLs")
+    i.add_argument(
+        "--columns",
+        action="append",
+        metavar="NAME",
+        help="a column name or glob pattern; repeat it for more: --columns 'meters.*.load' "
+        "--columns grid.north.m1.temp (default: every numeric column)",
+    )
+    i.add_argument("--json", action="store_true", help="print the report as one JSON object")
     i.add_argument(
         "--time-unit",
         choices=list(TIME_UNITS),
