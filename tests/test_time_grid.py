@@ -43,7 +43,9 @@ def write_meters(directory, steps=STEPS, start=START, files=2) -> str:
             for j in range(2):
                 values[nulls(d, j, part), j] = np.nan
             devices[name] = (start[name] + part * Q, values)
-        synthetic.write_table_devices(directory / f"meters{f}.tsfile", "meters", ["x", "y"], devices)
+        synthetic.write_table_devices(
+            directory / f"meters{f}.tsfile", "meters", ["x", "y"], devices
+        )
     return str(directory)
 
 
@@ -278,3 +280,73 @@ def test_a_bad_freq_is_refused_naming_it(meters, freq, message):
 def test_snap_or_origin_without_freq_is_refused(meters):
     with pytest.raises(ValueError, match="pass freq= with them"):
         TsFileWindowDataset(meters, CONTEXT, HORIZON, snap=True)
+
+
+def test_a_mixture_refuses_parts_on_different_grids_and_keeps_one_grid(meters):
+    from tsfile_torch import MixedWindows
+
+    a = TsFileWindowDataset(meters, CONTEXT, HORIZON, freq="15min", return_dict=True)
+    b = TsFileWindowDataset(meters, CONTEXT, HORIZON, freq="5min", return_dict=True)
+    with pytest.raises(ValueError, match=r"freq='5min' and datasets\[0\] on freq='15min'"):
+        MixedWindows([a, b], num_samples=8)
+    mix = MixedWindows([a, a], num_samples=64, seed=3)
+    for batch in make_loader(mix, batch_size=16):
+        steps = np.diff(np.concatenate([batch["past_time"], batch["future_time"]], 1), axis=1)
+        assert (steps == Q).all()
+
+
+@pytest.mark.parametrize("name", ["PatchTSTForPrediction", "PatchTSMixerForPrediction"])
+def test_patch_models_train_on_the_grid_with_their_defaults(meters, name):
+    transformers = pytest.importorskip("transformers")
+    import torch
+
+    from tsfile_torch import hf
+
+    config = getattr(transformers, name.replace("ForPrediction", "Config"))(
+        context_length=CONTEXT, prediction_length=HORIZON, num_input_channels=2,
+        patch_length=4, patch_stride=4, d_model=16, num_hidden_layers=1,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = getattr(transformers, name)(config)
+    with pytest.warns(UserWarning, match="left out"):
+        ds = hf.windows_for(model, meters, freq="15min", keep=["device_id", "past_time"])
+    complete, missing = set(), 0
+    for d, device in enumerate(ds.devices):
+        for times, values in expected_windows(reindexed(d, device.split(".")[1])):
+            if np.isnan(values[CONTEXT:]).any():
+                missing += 1
+            else:
+                complete.add((d, int(times[0])))
+    assert ds.missing_future == missing
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    seen = set()
+    for batch in make_loader(ds, batch_size=32, num_workers=2):
+        starts = zip(batch.pop("device_id"), batch.pop("past_time")[:, 0], strict=True)
+        seen |= {(int(d), int(t)) for d, t in starts}
+        loss = model(**batch).loss
+        assert torch.isfinite(loss)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    assert seen == complete  # exactly the windows with complete horizons
+
+
+@pytest.mark.slow
+def test_ray_windows_on_the_grid_match_the_dataset(meters):
+    pytest.importorskip("ray")
+    import ray
+
+    from tsfile_torch.ray import read_tsfile_windows
+
+    ray.init(num_cpus=2, include_dashboard=False, ignore_reinit_error=True)
+    try:
+        data = read_tsfile_windows(meters, CONTEXT, HORIZON, freq="15min", fill="zero")
+        rows = data.take_all()
+    finally:
+        ray.shutdown()
+    ds = TsFileWindowDataset(meters, CONTEXT, HORIZON, freq="15min", fill="zero")
+    assert len(rows) == len(ds)
+    x, y = ds[len(ds) - 1]
+    last = rows[-1]
+    got = [np.asarray(v) for v in last.values() if np.asarray(v).shape == tuple(x.shape)]
+    assert any(np.array_equal(g, x.numpy()) for g in got)

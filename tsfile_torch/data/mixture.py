@@ -80,6 +80,15 @@ class MixedWindows(View, tud.Dataset):
                         f"datasets[{i}].{name}={getattr(d, name)!r} differs from datasets[0]'s "
                         f"{getattr(first, name)!r}: a mixture's windows must stack into one batch"
                     )
+            grids = [x.core.grid_spec for x in (first, d)]
+            steps = [g and g.step for g in grids]
+            if steps[0] != steps[1]:
+                label = [g.label if g else None for g in grids]
+                raise ValueError(
+                    f"datasets[{i}] is on the time grid freq={label[1]!r} and datasets[0] on "
+                    f"freq={label[0]!r}: a mixture's windows must have one step; build them "
+                    f"with the same freq="
+                )
             shapes = [
                 (len(x.columns), len(x.targets), x.options.dtype, len(x.tag_vocab))
                 for x in (first, d)
