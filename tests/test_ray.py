@@ -1,9 +1,11 @@
 """Ray Data over TsFiles (tsfile_torch.ray): the datasets' rows and windows, value for value.
 
 Every test writes real TsFiles and compares what Ray reads with what ``TsFileIterableDataset`` /
-``TsFileWindowDataset`` give on the same sources. Tests on the local cluster (one for the
-module, ``ray.init(num_cpus=2)``, block order preserved) are slow: Ray's start-up alone is
-5-15 s. The fast ones run the planned read tasks in this process, with no cluster.
+``TsFileWindowDataset`` give on the same sources, or with the values written: rows come in the
+file's types (DOUBLE series as float64) unless ``dtype=`` asks for one float type. Tests on the
+local cluster (one for the module, ``ray.init(num_cpus=2)``, block order preserved) are slow:
+Ray's start-up alone is 5-15 s. The fast ones run the planned read tasks in this process, with
+no cluster.
 """
 
 from __future__ import annotations
@@ -12,10 +14,13 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
+from tsfile import ColumnCategory, ColumnSchema, TableSchema, TSDataType, TsFileTableWriter
 
 from tsfile_torch import (
     SchemaError,
@@ -110,7 +115,7 @@ def _assert_windows_equal(ray_ds, expected: dict[str, np.ndarray]) -> None:
 def test_read_tasks_are_planned_from_metadata_and_read_the_datasets_rows(tray, tmp_path):
     # one device whose series continue across 3 files of 1,000 / 1,000 / 1,000 rows
     synthetic.write_panel(tmp_path, num_devices=1, num_fields=2, num_rows=3000, num_files=3)
-    columns, values, times = _dataset_rows(tmp_path)
+    columns, values, times = _dataset_rows(tmp_path, dtype="float64")  # DOUBLE series
     for wanted, cuts in [
         (1, [0, 3000]),
         (2, [0, 2000, 3000]),
@@ -122,25 +127,28 @@ def test_read_tasks_are_planned_from_metadata_and_read_the_datasets_rows(tray, t
         tasks = source.get_read_tasks(200)
         meta = [t.metadata for t in tasks]
         assert [m.num_rows for m in meta] == [b - a for a, b in plan]
-        assert [m.size_bytes for m in meta] == [(b - a) * (2 * 4 + 8) for a, b in plan]
+        assert [m.size_bytes for m in meta] == [(b - a) * (2 * 8 + 8) for a, b in plan]
         last = [str(tmp_path / "panel002.tsfile")]
         if plan[-1][0] < 2000:  # the last task reads the other files too
             last = [str(tmp_path / f"panel00{i}.tsfile") for i in range(3)]
         assert list(meta[-1].input_files) == last
         tables = [block for task in tasks for block in task()]  # each task run in this process
         assert tables[0].column_names == ["time", *columns]
-        assert [str(t) for t in tables[0].schema.types] == ["int64", "float", "float"]
+        assert [str(t) for t in tables[0].schema.types] == ["int64", "double", "double"]
         got = np.concatenate([np.stack([t[c].to_numpy() for c in columns], 1) for t in tables])
         np.testing.assert_array_equal(got, values)
         np.testing.assert_array_equal(np.concatenate([t["time"].to_numpy() for t in tables]), times)
     batch = {c: tables[0][c].to_numpy() for c in columns}  # what iter_torch_batches collates
-    np.testing.assert_array_equal(tray.stack_columns(columns)(batch).numpy(), values[:600])
+    stacked = tray.stack_columns(columns)(batch).numpy()  # float32: the datasets' batch
+    np.testing.assert_array_equal(stacked, values[:600].astype(np.float32))
+    kept = tray.stack_columns(columns, dtype=None)(batch).numpy()
+    np.testing.assert_array_equal(kept, values[:600])
     half = tray.TsFileDatasource(tmp_path, dtype="float16")
     [table] = [block for task in half.get_read_tasks(200) for block in task()]
     assert str(half.schema().field(columns[0]).type) == "halffloat" == str(table[columns[0]].type)
     np.testing.assert_array_equal(table[columns[1]].to_numpy(), values[:, 1].astype(np.float16))
-    default = tray.TsFileDatasource(tmp_path)  # 3000 x 2 float32: far below TASK_BYTES
-    assert default.plan(200) == [(0, 3000)] and default.estimate_inmemory_data_size() == 24000
+    default = tray.TsFileDatasource(tmp_path)  # 3000 x 2 float64: far below TASK_BYTES
+    assert default.plan(200) == [(0, 3000)] and default.estimate_inmemory_data_size() == 48000
 
 
 def test_what_cannot_reach_ray_workers_or_arrow_is_refused_naming_the_fix(tray, small_dir):
@@ -154,8 +162,166 @@ def test_what_cannot_reach_ray_workers_or_arrow_is_refused_naming_the_fix(tray, 
         tray.TsFileDatasource(small_dir, normalize="minmax")
     with pytest.raises(ValueError, match="override_num_blocks should be an integer >= 1"):
         tray.TsFileDatasource(small_dir, override_num_blocks=0)
+    with pytest.raises(ValueError, match=r"dtype must be a torch dtype.*got 'float33'"):
+        tray.stack_columns(["t.d0.s0"], dtype="float33")
     with pytest.raises(SchemaError, match="'nope' matches no series"):
         tray.TsFileDatasource(small_dir, columns=["nope"])
+
+
+#: The types of _write_typed's fields: one of each numeric tsfile type but TIMESTAMP (tsfile
+#: 2.5.0's Arrow writer takes no TIMESTAMP field).
+TYPED_FIELDS = {
+    "b": TSDataType.BOOLEAN,
+    "i": TSDataType.INT32,
+    "l": TSDataType.INT64,
+    "f": TSDataType.FLOAT,
+    "d": TSDataType.DOUBLE,
+}
+
+
+def _write_typed(path: Path, clocks: dict[str, np.ndarray], base: int) -> dict[str, tuple]:
+    """Write one field of each type per device ``t.<name>`` sampled at ``clocks[name]``; row r
+    of device k: b = r % 3 == 0, i = r * 7919 - 2**31 + 1, l = base + 10**6 * k + r,
+    f = r / 3, d = r / 7 + 1e10 + k, field j null where (r + j + k) % 5 == 0. Return series
+    name -> (timestamps, the Arrow array written)."""
+    schema = TableSchema(
+        "t",
+        [ColumnSchema("id", TSDataType.STRING, ColumnCategory.TAG)]
+        + [ColumnSchema(f, kind, ColumnCategory.FIELD) for f, kind in TYPED_FIELDS.items()],
+    )
+    written = {}
+    writer = TsFileTableWriter(str(path), schema)
+    try:
+        for k, (name, times) in enumerate(clocks.items()):
+            r = np.arange(len(times), dtype=np.int64)
+            values = [
+                r % 3 == 0,
+                r * 7919 - 2**31 + 1,
+                base + 10**6 * k + r,
+                (r / 3).astype(np.float32),
+                r / 7 + 1e10 + k,
+            ]
+            kinds = [pa.bool_(), pa.int32(), pa.int64(), pa.float32(), pa.float64()]
+            data = {"time": pa.array(times, pa.int64()), "id": pa.array([name] * len(times))}
+            for j, (field, v, kind) in enumerate(zip(TYPED_FIELDS, values, kinds, strict=True)):
+                data[field] = pa.array(v, kind, mask=(r + j + k) % 5 == 0)
+                written[f"t.{name}.{field}"] = (np.asarray(times), data[field])
+            writer.writer.write_arrow_batch("t", pa.table(data), 0)
+    finally:
+        writer.close()
+    return written
+
+
+def _read_in_process(source) -> pa.Table:
+    """Every row of a TsFileDatasource, its planned read tasks run in this process."""
+    return pa.concat_tables([block for task in source.get_read_tasks(200) for block in task()])
+
+
+def _aligned_samples(written: dict[str, tuple], names: list[str], fill: str):
+    """Return the union of the series' timestamps and each series aligned on it, one row at a
+    time: its sample there, else (``fill``) the last earlier one, 0, or null."""
+    times = np.unique(np.concatenate([written[n][0] for n in names]))
+    out = {}
+    for name in names:
+        own, values = written[name][0], written[name][1].to_pylist()
+        kind = written[name][1].type
+        zero = pa.array([0]).cast(kind)[0].as_py() if fill == "zero" else None
+        column = []
+        for t in times:
+            earlier = np.flatnonzero(own <= t)
+            if len(earlier) and (own[earlier[-1]] == t or fill == "ffill"):
+                column.append(values[earlier[-1]])
+            else:
+                column.append(zero)
+        out[name] = pa.array(column, kind)
+    return times, out
+
+
+def test_rows_come_in_the_files_types_with_nulls_and_in_one_float_type_with_dtype(tray, tmp_path):
+    path = tmp_path / "typed.tsfile"
+    written = _write_typed(path, {"d0": np.arange(3000) * 10}, base=2**40)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no word of NaN nulls or rounded integers
+        source = tray.TsFileDatasource(path, return_timestamps=True, override_num_blocks=3)
+    names = list(written)
+    assert source.schema() == pa.schema(
+        [("time", pa.int64())] + [(n, written[n][1].type) for n in names]
+    )
+    assert [t.metadata.size_bytes for t in source.get_read_tasks(200)] == [1000 * 33] * 3
+    table = _read_in_process(source)
+    assert table.schema == source.schema()
+    for name in names:  # exact values, nulls as nulls (2**40 + r and -2**31 + ... included)
+        assert table[name].combine_chunks().equals(written[name][1]), name
+    np.testing.assert_array_equal(table["time"].to_numpy(), written[names[0]][0])
+    with (
+        pytest.warns(UserWarning, match="null .* reach the batches as NaN"),
+        pytest.warns(UserWarning, match=r"t\.d0\.i, t\.d0\.l .* float32 cannot represent"),
+    ):
+        floats = tray.TsFileDatasource(path, dtype="float32", override_num_blocks=3)
+    assert floats.schema() == pa.schema([(n, pa.float32()) for n in names])
+    table = _read_in_process(floats)
+    for name in names:
+        want = written[name][1].cast(pa.float64()).fill_null(np.nan).to_numpy()
+        np.testing.assert_array_equal(table[name].to_numpy(), want.astype(np.float32), name)
+        assert table[name].null_count == 0  # NaN, as in the datasets' batches
+    with pytest.warns(UserWarning, match="null"):
+        as_torch = tray.TsFileDatasource(path, dtype=pytest.importorskip("torch").float64)
+    assert as_torch.schema() == pa.schema([(n, pa.float64()) for n in names])
+
+
+@pytest.mark.parametrize(
+    "base",
+    [
+        2**40,
+        pytest.param(
+            2**60,
+            marks=pytest.mark.xfail(
+                raises=TsFileFormatError,
+                strict=True,
+                reason="the reading core cannot decode INT64 values beyond 2**53 yet: "
+                "tsfile_torch/read/decode.py _as_float casts them to float64 with a safe cast, "
+                "which raises (ArrowInvalid, reported as a damaged file)",
+            ),
+        ),
+    ],
+)
+def test_int64_rows_are_exact_positional_and_aligned_on_time(tray, tmp_path, base):
+    path = tmp_path / "typed.tsfile"
+    # two devices on their own clocks: aligned rows hold fills at the other device's times
+    written = _write_typed(path, {"d0": np.arange(700) * 2, "d1": np.arange(500) * 3}, base)
+    d0 = [n for n in written if n.startswith("t.d0.")]
+    table = _read_in_process(tray.TsFileDatasource(path, columns=d0, override_num_blocks=3))
+    for name in d0:
+        assert table[name].combine_chunks().equals(written[name][1]), name
+    names = ["t.d0.l", "t.d1.l", "t.d0.b", "t.d1.i"]
+    for fill in ["ffill", "zero", "nan"]:
+        times, expected = _aligned_samples(written, names, fill)
+        source = tray.TsFileDatasource(
+            path,
+            columns=names,
+            align="union",
+            fill=fill,
+            return_timestamps=True,
+            override_num_blocks=4,
+        )
+        table = _read_in_process(source)
+        np.testing.assert_array_equal(table["time"].to_numpy(), times)
+        for name in names:
+            assert table[name].combine_chunks().equals(expected[name]), (fill, name)
+
+
+@pytest.mark.filterwarnings("ignore:integer columns")
+def test_windows_keep_their_float_values_over_typed_series(tray, tmp_path):
+    path = tmp_path / "typed.tsfile"
+    _write_typed(path, {"d0": np.arange(400)}, base=2**40)
+    options = {"columns": list(TYPED_FIELDS), "targets": ["d"], "fill": "zero", "max_missing": 1.0}
+    expected = _window_parts(TsFileWindowDataset(path, 20, 5, 3, **options))
+    source = tray.TsFileWindowDatasource(path, 20, 5, 3, override_num_blocks=3, **options)
+    table = pa.concat_tables([block for task in source.get_read_tasks(200) for block in task()])
+    for name, want in expected.items():
+        got = table[name].combine_chunks().to_numpy()
+        assert got.dtype == want.dtype == np.float32 and got.shape == want.shape, name
+        np.testing.assert_array_equal(got, want, err_msg=name)
 
 
 # -- on the local cluster ----------------------------------------------------------------------
@@ -163,28 +329,29 @@ def test_what_cannot_reach_ray_workers_or_arrow_is_refused_naming_the_fix(tray, 
 def test_table_model_rows_are_the_datasets_rows(
     cluster, tray, small_dir, small_expected, read_backend
 ):
-    columns, values, times = _dataset_rows(small_dir)
+    columns, values, times = _dataset_rows(small_dir, dtype="float64")
     ds = tray.read_tsfile(
         small_dir, return_timestamps=True, override_num_blocks=4, read_backend=read_backend
     )
     assert ds.columns() == ["time", *columns]
     assert ds.count() == SMALL.num_rows  # from the tasks' metadata
     got, got_times = _rows_of(ds, columns, with_time=True)
-    assert got.dtype == np.float32
+    assert got.dtype == np.float64  # DOUBLE series, as written
     np.testing.assert_array_equal(got, values)
-    np.testing.assert_array_equal(got, small_expected.astype(np.float32))
+    np.testing.assert_array_equal(got, small_expected)
     np.testing.assert_array_equal(got_times, times)
-    picked = tray.read_tsfile(small_dir, columns=["t.d1.*"], dtype="float64")
+    picked = tray.read_tsfile(small_dir, columns=["t.d1.*"], dtype="float32")
     assert picked.columns() == ["t.d1.s0", "t.d1.s1", "t.d1.s2"]
     got, _ = _rows_of(picked, picked.columns())
-    np.testing.assert_array_equal(got, small_expected[:, 3:6])
+    assert got.dtype == np.float32
+    np.testing.assert_array_equal(got, small_expected[:, 3:6].astype(np.float32))
 
 
 @pytest.mark.slow
 def test_tree_model_rows_are_the_datasets_rows_numeric_series_only(cluster, tray, tmp_path):
     path = tmp_path / "tree.tsfile"
     synthetic.write_tree_file(path, devices=2, num_rows=3000)
-    columns, values, times = _dataset_rows(path)
+    columns, values, times = _dataset_rows(path, dtype="float64")
     assert columns == ["root.sg.d0.m0", "root.sg.d0.m1", "root.sg.d0.m2"] + [
         "root.sg.d1.m0",
         "root.sg.d1.m1",
@@ -192,9 +359,36 @@ def test_tree_model_rows_are_the_datasets_rows_numeric_series_only(cluster, tray
     ]  # the TEXT series left out, as the datasets do
     ds = tray.read_tsfile(path, override_num_blocks=3)
     assert ds.columns() == columns
+    assert [str(t) for t in ds.schema().types] == ["double", "int64", "bool"] * 2  # as written
     got, _ = _rows_of(ds, columns)
     np.testing.assert_array_equal(got, values)
     np.testing.assert_array_equal(got[:, 1], np.arange(3000))  # m1 is the row number
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore:integer columns", "ignore:.*null")
+def test_typed_rows_in_the_ray_job_are_the_values_written_and_stack_as_the_datasets_batch(
+    cluster, tray, tmp_path
+):
+    import torch
+
+    path = tmp_path / "typed.tsfile"
+    written = _write_typed(path, {"d0": np.arange(3000) * 10}, base=2**40)
+    names = list(written)
+    ds = tray.read_tsfile(path, override_num_blocks=3)  # one shard cut: sums across tasks
+    table = pa.concat_tables(cluster.get(ds.to_arrow_refs()))
+    assert table.schema == pa.schema([(n, written[n][1].type) for n in names])
+    for name in names:
+        assert table[name].combine_chunks().equals(written[name][1]), name
+    _, values, _ = _dataset_rows(path)  # float32, nulls NaN: what the datasets give
+    stacked = ds.iter_torch_batches(batch_size=1000, collate_fn=tray.stack_columns(names))
+    np.testing.assert_array_equal(torch.cat(list(stacked)).numpy(), values)
+    floats = tray.read_tsfile(path, dtype="float32", override_num_blocks=3)
+    batches = list(floats.iter_torch_batches(batch_size=1000, dtypes=torch.float64))
+    for k, name in enumerate(names):
+        got = torch.cat([b[name] for b in batches])
+        assert got.dtype == torch.float64, name
+        np.testing.assert_array_equal(got.numpy(), values[:, k].astype(np.float64), name)
 
 
 def _panel_with_nulls(directory: Path) -> list[str]:
@@ -221,12 +415,12 @@ def test_a_panel_on_own_timestamps_with_nulls_is_aligned_as_the_datasets_align_i
     cluster, tray, tmp_path, align
 ):
     _panel_with_nulls(tmp_path)
-    columns, values, times = _dataset_rows(tmp_path, align=align, fill="nan")
+    columns, values, times = _dataset_rows(tmp_path, align=align, fill="nan", dtype="float64")
     assert np.isnan(values).any()
     ds = tray.read_tsfile(tmp_path, align=align, return_timestamps=True, override_num_blocks=3)
     assert ds.columns() == ["time", *columns]
     got, got_times = _rows_of(ds, columns, with_time=True)
-    np.testing.assert_array_equal(got, values)  # NaN where the datasets have NaN
+    np.testing.assert_array_equal(got, values)  # nulls (NaN in numpy) where the datasets' NaN
     np.testing.assert_array_equal(got_times, times)
 
 
@@ -254,7 +448,7 @@ def test_a_series_across_files_and_time_ranges_read_as_the_datasets_read_them(
 ):
     synthetic.write_panel(tmp_path, num_devices=1, num_fields=3, num_rows=30000, num_files=3)
     for bounds in [{}, {"start_time": 4000, "end_time": 25000}, {"start_time": 12345}]:
-        columns, values, times = _dataset_rows(tmp_path, **bounds)
+        columns, values, times = _dataset_rows(tmp_path, dtype="float64", **bounds)
         ds = tray.read_tsfile(
             tmp_path, return_timestamps=True, override_num_blocks=blocks, **bounds
         )
@@ -364,7 +558,7 @@ def test_s3_sources_read_as_local_ones(
     )
     columns = [c for c in ds.columns() if c != "time"]
     got, _ = _rows_of(ds, columns)
-    np.testing.assert_array_equal(got, small_expected.astype(np.float32))
+    np.testing.assert_array_equal(got, small_expected)
     assert len(list((tmp_path / "cache").glob("*.tsfile"))) == 3  # the tasks fetched each file
 
 

@@ -2,8 +2,9 @@
 "tsfile-torch[ray]"``).
 
 :func:`read_tsfile` gives a ``ray.data.Dataset`` of the rows a
-:class:`~tsfile_torch.TsFileIterableDataset` gives (one float column per selected series,
-named as its ``columns``, plus an int64 ``time`` column with ``return_timestamps=True``);
+:class:`~tsfile_torch.TsFileIterableDataset` gives (one column per selected series, named as its
+``columns``, in the file's own type as ``ray.data.read_parquet`` gives a Parquet file's, or in
+one float type with ``dtype=``; plus an int64 ``time`` column with ``return_timestamps=True``);
 :func:`read_tsfile_windows` one of the windows a :class:`~tsfile_torch.TsFileWindowDataset`
 gives (tensor columns ``x``, ``y``, ``x_times``, ``y_times``, or the Hugging Face names with
 ``return_dict=True``). Both are built on Ray Data's public datasource API (``Datasource``,
@@ -28,6 +29,18 @@ are runs of whole units when fewer tasks are wanted than there are units, else u
 further (evenly, by rows or windows). How many: ``override_num_blocks`` when given, else one
 task per :data:`TASK_BYTES` of output (at most Ray's ``parallelism``, at least one).
 
+Note: the file's types. Without ``dtype``, a column has its series' type (:data:`ARROW_TYPES`:
+BOOLEAN bool, INT32 int32, INT64 and TIMESTAMP int64, FLOAT float32, DOUBLE float64) and nulls
+are Arrow nulls. The core decodes float64 (nulls NaN), which holds every BOOLEAN, INT32, FLOAT
+and DOUBLE value and every integer below 2**53 exactly; a task casts each column back with its
+null mask. An INT64 / TIMESTAMP column whose metadata min / max reach 2**53 (or that has none)
+is read a second time as int64 through tsfile's prepared series, for the timestamps of the
+task's rows (a filled aligned row: its sample's), each value checked against the core's checked
+float64 value of it (the core refuses such values today: read/decode.py's ``_as_float`` casts
+safely, and tests/test_ray.py marks the case xfail until it rounds them). A NaN stored in a
+FLOAT / DOUBLE series reads as null: the core's NaN means null. With ``dtype=`` every column
+is that float type and nulls are NaN, as in the datasets' batches.
+
 Note: sums across read tasks. A reader checks a series' sum against the metadata once one
 process has decoded every row of it in a file (Note: cell sums in
 :mod:`tsfile_torch.integrity.checks`): a task reading a whole file shard does. For a shard cut
@@ -47,6 +60,7 @@ import inspect
 import logging
 import math
 import uuid
+import warnings
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -56,13 +70,16 @@ from ray.data import Datasource, ReadTask
 from ray.data.block import BlockMetadata
 from ray.data.extensions import ArrowTensorArray
 
-from tsfile_torch.errors import TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
 from tsfile_torch.integrity.checks import check_group_sums
+from tsfile_torch.native.guard import guarded_call
+from tsfile_torch.native.queries import query
 from tsfile_torch.options import check_int
 from tsfile_torch.read.core import ReadingCore
 from tsfile_torch.sources.base import FileObject
 
 __all__ = [
+    "ARROW_TYPES",
     "TASK_BYTES",
     "StackColumns",
     "TsFileDatasource",
@@ -80,6 +97,21 @@ TASK_BYTES = 16 << 20
 BLOCK_BYTES = 32 << 20
 #: Name of the timestamps column (``return_timestamps=True``): series names always hold a dot.
 TIME_COLUMN = "time"
+#: tsfile type -> the Arrow type of its column in :func:`read_tsfile`'s rows without ``dtype``
+#: (Note: the file's types).
+ARROW_TYPES = {
+    "BOOLEAN": pa.bool_(),
+    "INT32": pa.int32(),
+    "INT64": pa.int64(),
+    "FLOAT": pa.float32(),
+    "DOUBLE": pa.float64(),
+    "TIMESTAMP": pa.int64(),
+}
+#: Integers of smaller magnitude are exact in float64 (Note: the file's types).
+_FLOAT64_EXACT = 2**53
+#: The core's warnings about float output that the file's types do not have: NaN nulls, and
+#: integers float64 rounds (read exactly here).
+_FLOAT_WARNINGS = r"integer columns .* hold values beyond|[\d,]+ values of the selected columns"
 #: Window-dataset arguments that order or shard items: Ray orders and shards a Dataset itself.
 _ORDER_ARGUMENTS = (
     "order",
@@ -104,10 +136,13 @@ def read_tsfile(
 ) -> ray.data.Dataset:
     """Return a ``ray.data.Dataset`` of the rows a ``TsFileIterableDataset`` gives.
 
-    One column per selected series (float32, or ``dtype``'s; nulls are NaN as in the
-    datasets' batches), named and ordered as the datasets' ``columns``, plus ``time`` (int64)
-    with ``return_timestamps=True``; rows across files in the datasets' order (Ray keeps block
-    order only with ``DataContext.execution_options.preserve_order``).
+    One column per selected series, named and ordered as the datasets' ``columns``, plus
+    ``time`` (int64) with ``return_timestamps=True``; rows across files in the datasets' order
+    (Ray keeps block order only with ``DataContext.execution_options.preserve_order``). A
+    column has its series' type (:data:`ARROW_TYPES`: bool, int32, int64, float32, float64;
+    nulls are Arrow nulls), as ``ray.data.read_parquet`` keeps a Parquet file's; with ``dtype``
+    every column is that float type and nulls are NaN, as in the datasets' batches (Note: the
+    file's types).
 
     Args:
         sources: paths, directories, globs or fsspec URLs (``s3://...``), or a list of them:
@@ -117,9 +152,10 @@ def read_tsfile(
             :data:`TASK_BYTES` of output.
         ray_remote_args: passed to ``ray.data.read_datasource`` (``{"num_cpus": 2}``...).
         **read_options: :class:`~tsfile_torch.options.ReadOptions` fields (``start_time``,
-            ``end_time``, ``read_backend``, ``storage_options``, ``dtype``, ``align``,
-            ``fill``, ``validate``, ``return_timestamps``...). ``decode_threads`` defaults to
-            1: a task holds one Ray CPU.
+            ``end_time``, ``read_backend``, ``storage_options``, ``align``, ``fill``,
+            ``validate``, ``return_timestamps``...). ``dtype`` (``"float32"``,
+            ``torch.float64``...) defaults to None here: the file's types. ``decode_threads``
+            defaults to 1: a task holds one Ray CPU.
 
     Raises:
         TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: as the datasets,
@@ -168,11 +204,13 @@ def read_tsfile_windows(
     )
 
 
-def stack_columns(columns: Sequence[str], dtype=None) -> StackColumns:
+def stack_columns(columns: Sequence[str], dtype="float32") -> StackColumns:
     """Return a ``collate_fn`` for ``iter_torch_batches`` that stacks ``columns`` into one
     ``(batch, len(columns))`` tensor: the batch a ``TsFileIterableDataset`` yields.
 
-    ``ds.iter_torch_batches(batch_size=8192, collate_fn=stack_columns(source.columns))``.
+    ``ds.iter_torch_batches(batch_size=8192, collate_fn=stack_columns(source.columns))``:
+    float32 (``dtype``: a torch dtype or its name; None keeps numpy's common type of the
+    columns), nulls NaN, whatever the columns' types.
     """
     return StackColumns(columns, dtype)
 
@@ -185,24 +223,41 @@ except ImportError:  # pragma: no cover - older Ray
 
 class StackColumns(_CollateBase):
     """``collate_fn``: the named columns of a numpy batch as one ``(rows, columns)`` tensor
-    (``dtype``: a torch dtype to convert to; None keeps the columns' dtype)."""
+    (``dtype``: a torch dtype or its name to convert to; None keeps numpy's common type)."""
 
-    def __init__(self, columns: Sequence[str], dtype=None):
+    def __init__(self, columns: Sequence[str], dtype="float32"):
+        import torch
+
         self.columns = list(columns)
-        self.dtype = dtype
+        self.dtype = None if dtype is None else str(dtype).replace("torch.", "")
+        if self.dtype is not None and not isinstance(getattr(torch, self.dtype, None), torch.dtype):
+            raise ValueError(
+                f"dtype must be a torch dtype, its name ('float32', 'float64'...) or None; "
+                f"got {dtype!r}"
+            )
 
     def __call__(self, batch: dict[str, np.ndarray]):
         import torch
 
-        tensor = torch.from_numpy(np.stack([batch[c] for c in self.columns], axis=1))
-        return tensor if self.dtype is None else tensor.to(self.dtype)
+        stacked = np.stack([_numbers(batch[c]) for c in self.columns], axis=1)
+        tensor = torch.from_numpy(stacked)
+        return tensor if self.dtype is None else tensor.to(getattr(torch, self.dtype))
+
+
+def _numbers(column: np.ndarray) -> np.ndarray:
+    """Return a numpy batch column as numbers: Arrow hands a bool column with nulls to numpy as
+    objects (None for null), which become float64 with NaN."""
+    if column.dtype != object:
+        return column
+    return np.where(np.equal(column, None), np.nan, column).astype(np.float64)
 
 
 class TsFileDatasource(Datasource):
     """The rows of TsFiles as a Ray datasource (see :func:`read_tsfile` and the module notes).
 
     Exposes what the driver knows: :attr:`columns`, :attr:`catalog`, :attr:`num_rows`,
-    :meth:`stats` (metadata statistics: no value read).
+    :meth:`schema` (the file's types, or ``dtype``'s: :attr:`file_types`), :meth:`stats`
+    (metadata statistics: no value read).
     """
 
     def __init__(
@@ -221,12 +276,20 @@ class TsFileDatasource(Datasource):
             )
         read_options.setdefault("decode_threads", 1)
         self.num_tasks = check_int("override_num_blocks", override_num_blocks, allow_none=True)
-        self.core = ReadingCore.for_rows(sources, columns, **read_options)
+        #: whether columns have their series' types, nulls Arrow nulls (no ``dtype``: Note:
+        #: the file's types), or all are ``dtype``'s float type, nulls NaN
+        self.file_types = read_options.get("dtype") is None
+        if self.file_types:
+            read_options["dtype"] = "float64"
+        with warnings.catch_warnings():
+            if self.file_types:
+                warnings.filterwarnings("ignore", _FLOAT_WARNINGS)
+            self.core = ReadingCore.for_rows(sources, columns, **read_options)
         _refuse_file_objects(self.core)
-        options = self.core.options
-        self._itemsize = 2 if options.dtype == "float16" else np.dtype(self.core.dtype).itemsize
-        self._with_time = options.return_timestamps
-        self._row_bytes = len(self.columns) * self._itemsize + 8 * self._with_time
+        self._schema = self._arrow_schema()
+        #: the integer columns read again as int64 (Note: the file's types); None: ``dtype``
+        self._exact = _wide_integers(self.catalog) if self.file_types else None
+        self._row_bytes = sum(max(kind.bit_width // 8, 1) for kind in self._schema.types)
 
     @property
     def columns(self) -> list[str]:
@@ -252,10 +315,17 @@ class TsFileDatasource(Datasource):
         return self.num_rows * self._row_bytes
 
     def schema(self) -> pa.Schema:
-        """The Arrow schema of the rows."""
-        value = pa.from_numpy_dtype(np.float16 if self._itemsize == 2 else self.core.dtype)
-        time = [(TIME_COLUMN, pa.int64())] if self._with_time else []
-        return pa.schema(time + [(name, value) for name in self.columns])
+        """The Arrow schema of the rows (Note: the file's types)."""
+        return self._schema
+
+    def _arrow_schema(self) -> pa.Schema:
+        if self.file_types:
+            kinds = [ARROW_TYPES[c.dtype] for c in self.catalog.columns]
+        else:
+            dtype = "float16" if self.core.options.dtype == "float16" else self.core.dtype
+            kinds = [pa.from_numpy_dtype(np.dtype(dtype))] * len(self.columns)
+        time = [(TIME_COLUMN, pa.int64())] if self.core.options.return_timestamps else []
+        return pa.schema(time + list(zip(self.columns, kinds, strict=True)))
 
     def plan(self, parallelism: int = -1) -> list[tuple[int, int]]:
         """Return the row ranges ``[start, stop)`` of the read tasks (Note: task planning)."""
@@ -277,7 +347,9 @@ class TsFileDatasource(Datasource):
         core, tasks = _shared(self, self.core), []
         for i, (start, stop) in enumerate(plan):
             sums = (i, checker, [gi for gi, on in covering.items() if i in on])
-            read = functools.partial(_read_rows, core, start, stop, chunk, schema, sums)
+            read = functools.partial(
+                _read_rows, core, start, stop, chunk, schema, sums, self._exact
+            )
             task = _read_task(
                 read,
                 schema,
@@ -409,15 +481,19 @@ def _read_rows(
     chunk: int,
     schema: pa.Schema,
     sums: tuple[int, tuple | None, list[int]],
+    exact: tuple[int, ...] | None,
 ) -> Iterator[pa.Table]:
     """Yield rows ``[start, stop)`` of the core's table as Arrow tables of ``chunk`` rows.
 
     ``core``: the datasource's core, or its reference in the object store (:func:`_shared`).
     ``sums``: (this task's number, (the sum-check actor, the plan's key) or None, the cut shards
-    this task reads a part of) (Note: sums across read tasks).
+    this task reads a part of) (Note: sums across read tasks). ``exact``: None for one float
+    dtype; else columns have the schema's types, and those at these positions are read again
+    as int64 (Note: the file's types).
     """
     core = _own_copy(core)
     with_time = schema.names[0] == TIME_COLUMN
+    kinds = schema.types[1:] if with_time else schema.types
     float16 = core.options.dtype == "float16"
     task, checker, cut = sums
     width = len(core.tables[0].columns)
@@ -432,10 +508,17 @@ def _read_rows(
             values, times = core.rows(0, lo, hi, out=(out, None))
             for gi in cut:
                 totals[gi] += _group_sums(core.catalog.groups[gi], lo, values)
-            if float16:
-                values = values.astype(np.float16, order="F")
             arrays = [pa.array(times)] if with_time else []
-            arrays += [pa.array(values[:, j]) for j in range(width)]
+            if exact is not None:
+                for j, (column, kind) in enumerate(zip(core.tables[0].columns, kinds, strict=True)):
+                    wide = None
+                    if j in exact:
+                        wide = _exact_integers(core, column, values[:, j], times)
+                    arrays.append(_typed(values[:, j], kind, wide))
+            else:
+                if float16:
+                    values = values.astype(np.float16, order="F")
+                arrays += [pa.array(values[:, j]) for j in range(width)]
             yield pa.Table.from_arrays(arrays, schema=schema)
         if cut:
             actor, plan = checker
@@ -448,6 +531,139 @@ def _read_rows(
                 raise TsFileFormatError(failure)
     finally:
         core.close()
+
+
+def _typed(values: np.ndarray, kind: pa.DataType, exact: np.ndarray | None = None) -> pa.Array:
+    """Return one column of float64 ``values`` (nulls NaN) as Arrow ``kind``, nulls as nulls;
+    ``exact``: the column's int64 values, read exactly (Note: the file's types)."""
+    nulls = np.isnan(values)
+    if exact is not None:
+        data = exact
+    elif pa.types.is_boolean(kind):
+        data = values != 0
+    elif pa.types.is_integer(kind):
+        data = np.where(nulls, 0, values).astype(kind.to_pandas_dtype())
+    else:
+        data = values.astype(kind.to_pandas_dtype(), copy=False)
+    return pa.array(data, type=kind, mask=nulls if nulls.any() else None)
+
+
+def _wide_integers(catalog) -> tuple[int, ...]:
+    """Positions of the INT64 / TIMESTAMP columns that metadata do not show to lie below 2**53
+    in magnitude: min / max missing, or not strictly below it (they are floats, and a value
+    beyond 2**53 rounds to no less than 2**53)."""
+    return tuple(
+        j
+        for j, c in enumerate(catalog.columns)
+        if c.dtype in ("INT64", "TIMESTAMP")
+        and not (c.min is not None and c.max is not None and max(-c.min, c.max) < _FLOAT64_EXACT)
+    )
+
+
+def _exact_integers(core, column: int, rounded: np.ndarray, times: np.ndarray) -> np.ndarray:
+    """Return catalog column ``column`` at the rows of timestamps ``times`` as exact int64.
+
+    ``rounded``: the core's float64 values of those rows (NaN: null, 0 then). Each row's sample
+    (its own, or the one ``fill="ffill"`` repeats) is read again as int64 and checked against
+    its rounded value; a row without a sample keeps its fill (Note: the file's types).
+
+    Raises:
+        TsFileFormatError: the two reads disagree (the file changed or is damaged), naming it.
+    """
+    nulls = np.isnan(rounded)
+    out = np.where(nulls, 0, rounded).astype(np.int64)
+    at, has = _sample_times(core.tables[0], column, times)
+    has &= ~nulls
+    if not has.any():
+        return out
+    wanted = at[has]
+    stamps, samples, valid = _int64_samples(core, column, int(wanted.min()), int(wanted.max()))
+    pos = np.minimum(np.searchsorted(stamps, wanted), max(len(stamps) - 1, 0))
+    if len(stamps):
+        found = samples[pos]
+        agree = (stamps[pos] == wanted) & valid[pos] & (found.astype(np.float64) == rounded[has])
+    else:
+        found, agree = np.zeros(len(wanted), np.int64), np.zeros(len(wanted), bool)
+    if not agree.all():
+        k = int(np.argmin(agree))
+        raise TsFileFormatError(_disagree(core.catalog, column, int(wanted[k]), rounded[has][k]))
+    out[has] = found
+    return out
+
+
+def _sample_times(table, column: int, times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return, for rows of timestamps ``times``, the timestamp of catalog column ``column``'s
+    sample each row holds, and whether it holds one (an aligned row may hold a fill)."""
+    if table.alignment is None:  # positional rows: every row is a sample of every column
+        return times, np.ones(len(times), dtype=bool)
+    alignment = table.alignment
+    own = next(t.times for t in alignment.timelines if column in t.catalog_columns)
+    if not len(own):
+        return times, np.zeros(len(times), dtype=bool)
+    if alignment.fill == "ffill":  # as align_to repeats them
+        last = np.searchsorted(own, times, side="right") - 1
+        return own[np.maximum(last, 0)], last >= 0
+    at = np.minimum(np.searchsorted(own, times), len(own) - 1)
+    return times, own[at] == times
+
+
+def _int64_samples(core, column: int, t0: int, t1: int):
+    """Return (timestamps, int64 values, validity) of catalog column ``column``'s samples in
+    ``[t0, t1]``, through the core's open readers, each query guarded as the core's are."""
+    catalog, reader = core.catalog, core.reader
+    name = catalog.columns[column].name
+    stamps, values = [], []
+    for gi, group in enumerate(catalog.groups):
+        if column not in group.columns or group.end_time < t0 or group.start_time > t1:
+            continue
+        opened, handles = reader.files.handles(gi, group)
+        handle = handles[group.columns.index(column)]
+        lo, hi = max(t0, group.start_time), min(t1, group.end_time)
+        what = f"reading series {name} as int64, timestamps [{lo}, {hi}] via {reader.read_backend}"
+        info = catalog.files[group.file_index]
+        got = guarded_call(
+            info, what, _query_int64, opened, handle, group.aligned, lo, hi, on_read=reader.on_read
+        )
+        stamps += got[0]
+        values += got[1]
+    if not stamps:
+        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, bool)
+    samples = pa.concat_arrays([v.cast(pa.int64()) for v in values])
+    valid = samples.is_valid().to_numpy(zero_copy_only=False)
+    return (
+        np.concatenate(stamps),
+        samples.fill_null(0).to_numpy(zero_copy_only=False),
+        valid,
+    )
+
+
+def _query_int64(opened, handle, aligned: bool, lo: int, hi: int):
+    """Return the timestamps (numpy) and values (Arrow) of one series in ``[lo, hi]``.
+
+    An aligned series is queried as two columns (the same handle twice), as
+    :func:`~tsfile_torch.native.queries.query_times` does: the path the core's reads take.
+    """
+    stamps, values = [], []
+    for result in query(opened, [handle, handle] if aligned else [handle], aligned, lo, hi):
+        with result:
+            while (batch := result.read_arrow_record_batch()) is not None:
+                stamps.append(batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64))
+                values.append(batch.column(1))
+    return stamps, values
+
+
+def _disagree(catalog, column: int, time: int, rounded: float) -> str:
+    """Return the message of an int64 re-read that disagrees with the core's checked read."""
+    files = {
+        catalog.files[s.file_index].name
+        for s in catalog.columns[column].shards
+        if s.start_time <= time <= s.end_time
+    }
+    return (
+        f"{', '.join(sorted(files)) or 'the sources'}: series {catalog.columns[column].name} at "
+        f"time {time}: reading it as int64 does not give the sample read before ({rounded!r}); "
+        f"the file is damaged or was changed while in use; {SKIP_HINT}"
+    )
 
 
 def _group_sums(group, lo: int, values: np.ndarray) -> np.ndarray:
