@@ -269,22 +269,7 @@ def test_rows_come_in_the_files_types_with_nulls_and_in_one_float_type_with_dtyp
     assert as_torch.schema() == pa.schema([(n, pa.float64()) for n in names])
 
 
-@pytest.mark.parametrize(
-    "base",
-    [
-        2**40,
-        pytest.param(
-            2**60,
-            marks=pytest.mark.xfail(
-                raises=TsFileFormatError,
-                strict=True,
-                reason="the reading core cannot decode INT64 values beyond 2**53 yet: "
-                "tsfile_torch/read/decode.py _as_float casts them to float64 with a safe cast, "
-                "which raises (ArrowInvalid, reported as a damaged file)",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("base", [2**40, 2**60])
 def test_int64_rows_are_exact_positional_and_aligned_on_time(tray, tmp_path, base):
     path = tmp_path / "typed.tsfile"
     # two devices on their own clocks: aligned rows hold fills at the other device's times

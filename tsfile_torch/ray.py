@@ -36,8 +36,7 @@ and DOUBLE value and every integer below 2**53 exactly; a task casts each column
 null mask. An INT64 / TIMESTAMP column whose metadata min / max reach 2**53 (or that has none)
 is read a second time as int64 through tsfile's prepared series, for the timestamps of the
 task's rows (a filled aligned row: its sample's), each value checked against the core's checked
-float64 value of it (the core refuses such values today: read/decode.py's ``_as_float`` casts
-safely, and tests/test_ray.py marks the case xfail until it rounds them). A NaN stored in a
+float64 value of it (rounded to the nearest float64 there). A NaN stored in a
 FLOAT / DOUBLE series reads as null: the core's NaN means null. With ``dtype=`` every column
 is that float type and nulls are NaN, as in the datasets' batches.
 

@@ -168,9 +168,10 @@ def _freq(value) -> int | pd.Timedelta | None:
 def _alias(step: pd.Timedelta) -> str:
     """Return a short name of a step (``"15min"``)."""
     try:
-        return pd.tseries.frequencies.to_offset(step).freqstr
+        alias = pd.tseries.frequencies.to_offset(step).freqstr
     except ValueError:
         return str(step)
+    return alias if alias[:1].isdigit() else f"1{alias}"  # "1h", not "h"
 
 
 def _fraction(name: str, value) -> float | None:

@@ -742,9 +742,10 @@ def _span(step: int, unit: str) -> str:
     """Return a step in ``unit`` as a pandas offset alias (``"15min"``)."""
     nanos = step * (10**9 // TIME_UNITS[unit])
     try:
-        return pd.tseries.frequencies.to_offset(pd.Timedelta(nanos, "ns")).freqstr
+        alias = pd.tseries.frequencies.to_offset(pd.Timedelta(nanos, "ns")).freqstr
     except ValueError:
         return f"{step}{unit}"
+    return alias if alias[:1].isdigit() else f"1{alias}"  # "1h", not "h"
 
 
 def _missing_fraction(ds, k: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -321,4 +321,6 @@ def _as_float(column: pa.Array) -> np.ndarray:
         return column.to_numpy(zero_copy_only=False)
     if pa.types.is_timestamp(kind) or pa.types.is_date(kind):
         column = column.cast(pa.int64())
-    return pc.cast(column, pa.float64()).to_numpy(zero_copy_only=False)
+    # safe=False: an int64 beyond 2**53 rounds to the nearest float64 (the datasets warn from
+    # the metadata, _warn_inexact_integers) instead of raising ArrowInvalid as damage
+    return pc.cast(column, pa.float64(), safe=False).to_numpy(zero_copy_only=False)
