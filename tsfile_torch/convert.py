@@ -436,6 +436,7 @@ def _time_column(name: str, series: pd.Series, time_unit: str) -> np.ndarray:
     nulls = int(series.isna().sum())
     if nulls:
         first = series.index[series.isna().to_numpy()][0]
+        first = first.item() if isinstance(first, np.generic) else first  # pandas 2: np.int64
         raise ValueError(
             f"{what} has {nulls} null values (the first at index {first!r}); every TsFile row "
             f"needs a timestamp: drop those rows or fill them"
