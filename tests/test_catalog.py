@@ -116,12 +116,14 @@ def test_series_continuing_across_files_are_concatenated_in_time_order(tmp_path)
     ]
 
 
-def test_overlapping_shards_are_an_error_naming_both_files(tmp_path):
+def test_overlapping_shards_are_laid_out_one_after_the_other_for_the_merge(tmp_path):
     spec = _one_series()
     synthetic.write_table_files(tmp_path, spec, prefix="a_")
     synthetic.write_table_files(tmp_path, spec, prefix="b_", row_offset=500)
-    with pytest.raises(SchemaError, match=r"overlap between .*a_000.tsfile.*b_000.tsfile"):
-        build_catalog(tmp_path)
+    cat = build_catalog(tmp_path)  # merged by timestamp when read (test_merged_shards.py)
+    assert cat.columns[0].overlapping
+    assert [s.start_row for s in cat.columns[0].shards] == [0, spec.num_rows]
+    assert (cat.start_time, cat.end_time) == (0, spec.num_rows + 499)
 
 
 def test_misaligned_devices_in_one_file_set_are_a_schema_error(tmp_path):

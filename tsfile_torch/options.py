@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_CACHE_LIMIT",
     "DEFAULT_MAX_OPEN_FILES",
     "DTYPES",
+    "DUPLICATE_MODES",
     "FILL_MODES",
     "NORMALIZE_METHODS",
     "ON_DAMAGED",
@@ -48,6 +49,9 @@ CACHE_MODES = ("none", "memory", "disk")
 ALIGN_MODES = ("union", "intersect")
 #: What a series holds at an aligned row where it has no sample.
 FILL_MODES = ("nan", "ffill", "zero")
+#: What a timestamp stored in more than one file of a series gives (Note: merged shards in
+#: :mod:`tsfile_torch.read.merge`): an error, or the earlier / later source's values.
+DUPLICATE_MODES = ("error", "first", "last")
 #: ``minmax`` maps [min, max] to [0, 1]; ``standard`` maps the mean to 0 and one std to 1.
 NORMALIZE_METHODS = ("minmax", "standard")
 #: Floating dtypes of the values handed out.
@@ -230,6 +234,11 @@ class ReadOptions:
             ``align``, a row where a series has no sample: its last earlier sample (NaN before
             the first) or 0. A null: 0, or the last value read earlier in the same batch (row
             datasets, Note: row fill in :mod:`tsfile_torch.data.rows`) or window (windows).
+        duplicates: a timestamp stored in more than one file of a series (files that overlap
+            in time are merged by timestamp: Note: merged shards in
+            :mod:`tsfile_torch.read.merge`): ``"error"`` (a SchemaError naming the series,
+            both files and the timestamp), ``"first"`` / ``"last"`` (the earlier / later
+            source in the order given wins, cell by cell: a null never replaces a value).
         normalize: ``None``, ``"minmax"`` (metadata min / max), ``"standard"`` (mean / std: one
             pass when the dataset is built) or a ``Normalizer`` naming every column.
         validate: check every file's metadata and first chunks in a child process when the
@@ -268,6 +277,7 @@ class ReadOptions:
     index_cache: bool | str = True
     align: str | None = None
     fill: str = "nan"
+    duplicates: str = "error"
     normalize: Any = None
     validate: bool | str = True
     on_damaged: str = "raise"
@@ -317,6 +327,7 @@ class ReadOptions:
         check_choice("on_damaged", self.on_damaged, ON_DAMAGED)
         check_choice("align", self.align, ALIGN_MODES, allow_none=True)
         check_choice("fill", self.fill, FILL_MODES)
+        check_choice("duplicates", self.duplicates, DUPLICATE_MODES)
         if not (
             self.normalize is None
             or (isinstance(self.normalize, str) and self.normalize in NORMALIZE_METHODS)

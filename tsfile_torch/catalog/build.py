@@ -130,7 +130,18 @@ class Column:
 
     @property
     def end_time(self) -> int:
-        return self.shards[-1].end_time
+        return max(s.end_time for s in self.shards)
+
+    @property
+    def overlapping(self) -> bool:
+        """Whether two of its shards overlap in time (Note: merged shards): its rows are then
+        the shards' merged by timestamp, and ``num_rows`` counts duplicates once per shard."""
+        end = None
+        for shard in sorted(self.shards, key=lambda s: s.start_time):
+            if end is not None and shard.start_time <= end:
+                return True
+            end = shard.end_time if end is None else max(end, shard.end_time)
+        return False
 
 
 @dataclass(frozen=True)
@@ -346,17 +357,19 @@ def _hint(item: str, all_columns: dict[str, Column]) -> str:
     return f"; close names: {', '.join(close)}" if close else ""
 
 
-def _place_shards(col: Column, files: Sequence[FileInfo]) -> None:
+def _place_shards(col: Column) -> None:
+    """Number the rows of ``col``'s shards one after the other, in time order.
+
+    Note: merged shards. Shards that do not overlap in time are the series' rows in this order
+    (today's path). Shards that overlap are numbered the same way, one after the other (their
+    *stored* rows); the reading layer merges them by timestamp
+    (:mod:`tsfile_torch.read.merge`), so a column's ``num_rows`` is then an upper bound of
+    its rows (a timestamp stored in two files counts twice).
+    """
     col.shards.sort(key=lambda s: (s.start_time, s.file_index))
     start = 0
     placed = []
-    for prev, shard in zip([None, *col.shards[:-1]], col.shards, strict=True):
-        if prev is not None and shard.start_time <= prev.end_time:
-            raise SchemaError(
-                f"column {col.name!r}: time ranges overlap between {files[prev.file_index].name} "
-                f"[{prev.start_time}, {prev.end_time}] and {files[shard.file_index].name} "
-                f"[{shard.start_time}, {shard.end_time}]; shards of a series must not overlap"
-            )
+    for shard in col.shards:
         placed.append(replace(shard, start_row=start))
         start += shard.num_rows
     col.shards[:] = placed
@@ -558,7 +571,7 @@ def lay_out(
 
     Raises:
         TsFileFormatError: a cut shard's timestamps cannot be read.
-        SchemaError: a column is unknown or not numeric, shards overlap, a column has no rows in
+        SchemaError: a column is unknown or not numeric, a column has no rows in
             the time range, or the selected columns do not share one timeline.
     """
     selected = [
@@ -574,7 +587,7 @@ def lay_out(
                 f"widen start_time / end_time"
             )
     for col in selected:
-        _place_shards(col, meta.files)
+        _place_shards(col)
     if shared_timeline:
         check_shared_timeline(selected)
     return _layout(meta.files, selected)
@@ -629,12 +642,15 @@ def check_shared_timeline(columns: Sequence[Column], what: str = "columns") -> N
     """Raise SchemaError unless ``columns`` have the same row count and time range.
 
     The metadata check of one timeline (row datasets; a device's fields for windows); rows
-    are then compared timestamp by timestamp as they are read.
+    are then compared timestamp by timestamp as they are read. A column whose shards overlap
+    counts duplicate timestamps once per shard (Note: merged shards): its row count is compared
+    once merged, by the reading layer, and only its time range here.
     """
     ref = columns[0]
     for col in columns[1:]:
-        if (col.num_rows, col.start_time, col.end_time) != (
-            ref.num_rows,
+        merged = ref.overlapping or col.overlapping
+        if (None if merged else col.num_rows, col.start_time, col.end_time) != (
+            None if merged else ref.num_rows,
             ref.start_time,
             ref.end_time,
         ):

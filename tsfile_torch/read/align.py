@@ -19,15 +19,18 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tsfile_torch.catalog.build import Catalog, subset_catalog
+from tsfile_torch.catalog.build import Catalog, device_name, subset_catalog
 from tsfile_torch.errors import SchemaError
-from tsfile_torch.read.reader import BatchReader
+from tsfile_torch.read.merge import Merge
+from tsfile_torch.read.reader import BatchReader, read_times
 
-__all__ = ["Alignment", "align_to", "aligned_times", "timelines_of"]
+__all__ = ["Alignment", "align_to", "aligned_times", "timeline_name", "timelines_of"]
 
 
 def aligned_times(times: Sequence[np.ndarray], align: str) -> np.ndarray:
     """Return the sorted union or intersection of increasing int64 timestamp arrays."""
+    if len(times) == 1:
+        return np.asarray(times[0], dtype=np.int64)
     if align == "union":
         return np.unique(np.concatenate([np.asarray(t, dtype=np.int64) for t in times]))
     out = np.asarray(times[0], dtype=np.int64)
@@ -76,6 +79,15 @@ class _Timeline:
     columns: tuple[int, ...]  # positions in the alignment's output
     catalog_columns: tuple[int, ...]  # the same columns in the catalog
     times: np.ndarray  # int64 timestamps of its rows
+    #: its shards merged by timestamp (they overlap in time: Note: merged shards), or None
+    merge: Merge | None = None
+
+    def read(self, reader: BatchReader, lo: int, hi: int):
+        """Return its rows ``[lo, hi)`` (merged when its shards overlap): values, times."""
+        view = reader.view(self.catalog_columns)
+        if self.merge is None:
+            return reader.read(lo, hi, view=view)
+        return self.merge.read(lambda a, b: reader.read(a, b, view=view), lo, hi)
 
 
 class Alignment:
@@ -99,8 +111,13 @@ class Alignment:
 
     @property
     def identical(self) -> bool:
-        """True if every timeline has exactly the aligned timestamps (positional rows suffice)."""
+        """True if every timeline has exactly the aligned timestamps."""
         return all(np.array_equal(t.times, self.times) for t in self.timelines)
+
+    @property
+    def merges(self) -> list[Merge]:
+        """The merges of its timelines whose shards overlap in time (Note: merged shards)."""
+        return [t.merge for t in self.timelines if t.merge is not None]
 
     @classmethod
     def build(
@@ -110,10 +127,17 @@ class Alignment:
         align: str,
         fill: str,
         make_reader: Callable[[Catalog], BatchReader],
+        duplicates: str = "error",
+        time_unit: str = "ms",
     ) -> Alignment:
         """Read every timeline's timestamps (through one of its columns) and align them.
 
         ``make_reader(catalog)`` opens a reader with the dataset's settings; it is closed here.
+        A timeline whose shards overlap in time is merged by timestamp first (Note: merged
+        shards in :mod:`tsfile_torch.read.merge`; ``duplicates`` and ``time_unit`` are its).
+
+        Raises:
+            SchemaError: duplicate timestamps with ``duplicates="error"``, or no rows.
         """
         members = timelines_of(catalog, columns)
         out_pos = {c: i for i, c in enumerate(columns)}
@@ -125,6 +149,18 @@ class Alignment:
         timelines = []
         try:
             for k, cols in enumerate(members.values()):
+                positions = tuple(out_pos[c] for c in cols)
+                if probe.columns[k].overlapping:
+                    merge, times = Merge.build(
+                        probe.columns[k].shards,
+                        list(read_times(reader, (k,))),
+                        duplicates,
+                        timeline_name(catalog, cols),
+                        [f.name for f in catalog.files],
+                        time_unit,
+                    )
+                    timelines.append(_Timeline(positions, tuple(cols), times, merge))
+                    continue
                 view = reader.view((k,))
                 times = np.concatenate(
                     [
@@ -132,7 +168,7 @@ class Alignment:
                         for a in range(0, view.num_rows, 1 << 20)
                     ]
                 )
-                timelines.append(_Timeline(tuple(out_pos[c] for c in cols), tuple(cols), times))
+                timelines.append(_Timeline(positions, tuple(cols), times))
         finally:
             reader.close()
         out = cls(tuple(columns), timelines, align, fill)
@@ -160,10 +196,22 @@ class Alignment:
             if self.fill == "ffill" and lo > 0:
                 lo -= 1
             if lo < hi:
-                values, times = reader.read(lo, hi, view=reader.view(timeline.catalog_columns))
+                values, times = timeline.read(reader, lo, hi)
             else:
                 times = np.empty(0, np.int64)
                 values = np.empty((0, len(timeline.columns)), dtype=reader.dtype)
+            if np.array_equal(times, target):  # every row here is a sample of this timeline
+                out[:, list(timeline.columns)] = values
+                continue
             for k, c in enumerate(timeline.columns):
                 out[:, c] = align_to(target, times, values[:, k], self.fill)
         return out, target.copy()
+
+
+def timeline_name(catalog: Catalog, columns: Sequence[int]) -> str:
+    """Return what to call the timeline of catalog ``columns`` in messages: ``device t.d1``
+    (an aligned device's fields), else ``series <name>``."""
+    shard = catalog.columns[columns[0]].shards[0]
+    if shard.aligned:
+        return f"device {device_name(shard.device)}"
+    return f"series {catalog.columns[columns[0]].name}"

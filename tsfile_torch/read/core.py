@@ -46,7 +46,7 @@ from tsfile_torch.catalog.build import (
     lay_out,
     read_metadata,
 )
-from tsfile_torch.errors import warn_caller
+from tsfile_torch.errors import SchemaError, warn_caller
 from tsfile_torch.integrity.checks import CELL_ROWS, CellSums, KeptRowsCheck
 from tsfile_torch.integrity.reports import ReadSlots
 from tsfile_torch.integrity.screen import leave_out, screen_sources
@@ -54,11 +54,12 @@ from tsfile_torch.native.backend import check_backend
 from tsfile_torch.options import ReadOptions
 from tsfile_torch.pids import cpu_share, worker_id
 from tsfile_torch.read import diskcache
-from tsfile_torch.read.align import Alignment, timelines_of
+from tsfile_torch.read.align import Alignment, timeline_name, timelines_of
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.exchange import BlockExchange, fill_cache
 from tsfile_torch.read.grid import TIME_STRETCH, Grid, GridSpec, StepSummary, step_summary
 from tsfile_torch.read.memory import MemoryStore
+from tsfile_torch.read.merge import warn_resolved
 from tsfile_torch.read.reader import (
     DEFAULT_BLOCK_ROWS,
     BatchReader,
@@ -261,6 +262,7 @@ class ReadingCore:
             make_table(catalog, columns, what, self.options, fill, self.new_reader)
             for columns, what in tables
         ]
+        _warn_duplicates(catalog, self.tables, self.options.duplicates)
         #: sums of decoded cells, shared with workers (Note: cell sums)
         grid = math.gcd(CELL_ROWS, self.block_rows, *decode_grid)
         self._cells = CellSums(catalog, grid) if self.options.check_statistics else None
@@ -712,13 +714,53 @@ def make_table(
     fill: str,
     new_reader,
 ) -> Table:
-    """Return the table of ``columns``: positional on one timeline, else aligned on time."""
-    if len(timelines_of(catalog, columns)) > 1 and options.align is not None:
-        alignment = Alignment.build(catalog, columns, options.align, fill, new_reader)
-        if not alignment.identical:  # else positional rows: the fast path
+    """Return the table of ``columns``: positional on one timeline, else aligned on time.
+
+    A column whose shards overlap in time is read merged by timestamp (Note: merged shards in
+    :mod:`tsfile_torch.read.merge`), through the alignment; with ``align=None`` the merged
+    timelines must then have the same timestamps as the others.
+    """
+    merged = any(catalog.columns[c].overlapping for c in columns)
+    if merged or (len(timelines_of(catalog, columns)) > 1 and options.align is not None):
+        alignment = Alignment.build(
+            catalog,
+            columns,
+            options.align or "union",
+            fill,
+            new_reader,
+            options.duplicates,
+            options.time_unit,
+        )
+        if merged and options.align is None and not alignment.identical:
+            _refuse_unaligned(catalog, alignment, what)
+        if merged or not alignment.identical:  # else positional rows: the fast path
             return Table(columns, alignment.num_rows, alignment)
     check_shared_timeline([catalog.columns[c] for c in columns], what)
     return Table(columns, catalog.columns[columns[0]].num_rows)
+
+
+def _warn_duplicates(catalog: Catalog, tables: Sequence[Table], duplicates: str) -> None:
+    """Warn once when duplicate timestamps of merged shards were resolved (Note: merged
+    shards in :mod:`tsfile_torch.read.merge`): how many, in which series, and how."""
+    merges = {}
+    for table in tables:
+        for t in table.alignment.timelines if table.alignment is not None else ():
+            if t.merge is not None:
+                merges.setdefault(timeline_name(catalog, t.catalog_columns), t.merge)
+    warn_resolved(list(merges.items()), duplicates)
+
+
+def _refuse_unaligned(catalog: Catalog, alignment: Alignment, what: str) -> None:
+    """Raise SchemaError naming two timelines of ``alignment`` whose timestamps differ."""
+    ref = alignment.timelines[0]
+    other = next(t for t in alignment.timelines if not np.array_equal(t.times, ref.times))
+    a, b = (catalog.columns[t.catalog_columns[0]].name for t in (ref, other))
+    raise SchemaError(
+        f"{what} do not share one timeline: {a!r} has {len(ref.times)} rows (its files merged "
+        f"by timestamp where they overlap), {b!r} {len(other.times)}; select columns with "
+        f"equal timestamps or align them on time with align='union' or align='intersect' "
+        f"(and fill=...)"
+    )
 
 
 def open_sources(sources, options: ReadOptions, remote: RemoteOptions):
