@@ -350,3 +350,21 @@ def test_ray_windows_on_the_grid_match_the_dataset(meters):
     last = rows[-1]
     got = [np.asarray(v) for v in last.values() if np.asarray(v).shape == tuple(x.shape)]
     assert any(np.array_equal(g, x.numpy()) for g in got)
+
+
+@pytest.mark.parametrize("block_rows", [32, 32768])  # few runs per read: copies; many: scatter
+def test_many_short_runs_and_few_long_ones_read_the_same(tmp_path, block_rows):
+    steps = {"m0": np.array([s for s in range(300) if s % 3 != 1]), "m1": np.r_[0:120, 130:300]}
+    start = {"m0": BASE, "m1": BASE}
+    path = write_meters(tmp_path, steps, start, files=1)
+    ds = TsFileWindowDataset(path, CONTEXT, HORIZON, freq="15min", return_dict=True,
+                             block_rows=block_rows)  # fmt: skip
+    i = 0
+    for d, name in enumerate(ds.devices):
+        for times, values in expected_windows(reindexed(d, name.split(".")[1], steps, start)):
+            w = ds[i]
+            i += 1
+            got = np.concatenate([w["past_values"], w["future_values"]])
+            np.testing.assert_array_equal(got, values)
+            np.testing.assert_array_equal(np.concatenate([w["past_time"], w["future_time"]]), times)
+    assert i == len(ds)

@@ -31,6 +31,8 @@ __all__ = ["TIME_STRETCH", "Grid", "GridSpec", "StepSummary", "step_summary"]
 
 #: Timestamps read at a time while a grid is built (8 MiB of int64).
 TIME_STRETCH = 1 << 20
+#: Most runs of readings a read copies one by one; more: one scatter by position.
+_RUN_COPIES = 64
 
 
 @dataclass(frozen=True)
@@ -135,10 +137,26 @@ class Grid:
         if hi - lo == stop - start:  # no hole here: the rows as read
             values, _ = read_rows(lo, hi)
             return values, self.times(start, stop)
-        values = np.full((stop - start, width), np.nan, dtype=dtype)
-        if hi > lo:
-            read, times = read_rows(lo, hi)
+        if hi == lo:
+            return np.full((stop - start, width), np.nan, dtype=dtype), self.times(start, stop)
+        read, times = read_rows(lo, hi)
+        first = max(int(np.searchsorted(self.run_pos, start, side="right")) - 1, 0)
+        last = int(np.searchsorted(self.run_pos, stop, side="left"))
+        if last - first > _RUN_COPIES:  # many short runs: one scatter by position
+            values = np.full((stop - start, width), np.nan, dtype=dtype)
             values[self.positions(times) - start] = read
+            return values, self.times(start, stop)
+        values = np.empty((stop - start, width), dtype=dtype)
+        done = start  # grid rows before this one are written
+        for j in range(first, last):  # one copy per run of readings, NaN between them
+            p0, r0 = int(self.run_pos[j]), int(self.run_row[j])
+            a, b = max(p0, start), min(p0 + int(self.run_row[j + 1]) - r0, stop)
+            if a >= b:
+                continue
+            values[done - start : a - start] = np.nan
+            values[a - start : b - start] = read[r0 + a - p0 - lo : r0 + b - p0 - lo]
+            done = b
+        values[done - start :] = np.nan
         return values, self.times(start, stop)
 
     @classmethod
