@@ -195,7 +195,7 @@ def _time_range(item: dict, args: argparse.Namespace) -> str:
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from tsfile_torch.catalog.build import survey
+    from tsfile_torch.catalog.build import survey, unreadable_version
     from tsfile_torch.catalog.listing import VERIFY_HINT, list_devices
     from tsfile_torch.errors import FileProblem
     from tsfile_torch.integrity.validate import damaged_error, validate_sources
@@ -214,7 +214,13 @@ def _inspect(args: argparse.Namespace) -> int:
     report = survey(good, args.columns)
     _add_listing(report, listing)
     report["damaged"] = [
-        {"file": name, "reason": reason if "verify" in reason else f"{reason}; {VERIFY_HINT}"}
+        {
+            "file": name,
+            "reason": reason
+            if "verify" in reason or unreadable_version(reason)
+            else f"{reason}; {VERIFY_HINT}",
+            "version": unreadable_version(reason),  # a format version, not damage
+        }
         for name, reason in damaged
     ]
     timelines = report["timelines"]
@@ -283,7 +289,8 @@ def _print_inspect(report: dict, args: argparse.Namespace) -> None:
             f"(select them with --columns / columns=[...], or align them with align=)"
         )
     for item in report["damaged"]:
-        print(f"  DAMAGED {item['file']} (left out): {item['reason']}")
+        label = "UNREADABLE" if item.get("version") else "DAMAGED"
+        print(f"  {label} {item['file']} (left out): {item['reason']}")
     if report["left_out"]:
         print(f"  left out (not numeric): {', '.join(report['left_out'])}")
     print("devices:")
@@ -373,6 +380,7 @@ def _manifest(args: argparse.Namespace) -> int:
 
 
 def _verify(args: argparse.Namespace) -> int:
+    from tsfile_torch.catalog.build import unreadable_version
     from tsfile_torch.integrity.manifest import check_manifests
     from tsfile_torch.integrity.validate import validate_sources
     from tsfile_torch.sources import expand_sources
@@ -390,7 +398,8 @@ def _verify(args: argparse.Namespace) -> int:
                 json.dumps({"file": name, "ok": name not in problems, "reason": problems.get(name)})
             )
         elif name in problems:
-            print(f"DAMAGED {name}: {problems[name]}")
+            label = "UNREADABLE" if unreadable_version(problems[name]) else "DAMAGED"
+            print(f"{label} {name}: {problems[name]}")
         else:
             print(f"ok      {name}")
     if not args.json:
@@ -399,7 +408,11 @@ def _verify(args: argparse.Namespace) -> int:
             notes.append(f"{len(manifests.checked)} against their manifest")
         if manifests.unlisted:
             notes.append(f"{len(manifests.unlisted)} not listed in their manifest")
-        print(f"{len(sources)} files checked ({', '.join(notes)}), {len(problems)} damaged")
+        versions = sum(unreadable_version(r) for r in problems.values())
+        found = f"{len(problems) - versions} damaged"
+        if versions:
+            found += f", {versions} in a format version tsfile does not read"
+        print(f"{len(sources)} files checked ({', '.join(notes)}), {found}")
     return 1 if problems else 0
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import difflib
 import fnmatch
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -28,6 +29,7 @@ from tsfile_torch.sources import Source, expand_sources
 
 __all__ = [
     "NUMERIC_TYPES",
+    "READABLE_VERSIONS",
     "Catalog",
     "Column",
     "FileInfo",
@@ -36,12 +38,15 @@ __all__ = [
     "SourceMetadata",
     "build_catalog",
     "check_shared_timeline",
+    "check_format_version",
     "chunk_count",
+    "format_version",
     "lay_out",
     "read_metadata",
     "device_name",
     "survey",
     "subset_catalog",
+    "unreadable_version",
 ]
 
 #: tsfile types read as numbers; every other type is left out of ``columns=None``.
@@ -224,9 +229,72 @@ def _stat_value(stat, prefix: str):
     return None
 
 
+#: TsFile format versions (the byte after the ``TsFile`` magic) the installed tsfile reads:
+#: tsfile 2.5.0 reads and writes version 4; a version 3 file (older IoTDB releases) fails
+#: inside its reader with "Incomplete data read operation", which is not damage.
+READABLE_VERSIONS = (4,)
+_MAGIC = b"TsFile"
+
+
+def format_version(target) -> int | None:
+    """Return the format version byte of a TsFile at ``target`` (a path or a binary file
+    object, left where it was); None when it does not start with the ``TsFile`` magic or
+    cannot be read (tsfile's own open then says why)."""
+    try:
+        if isinstance(target, (str, os.PathLike)):
+            with open(target, "rb") as f:
+                head = f.read(len(_MAGIC) + 1)
+        else:
+            where = target.tell()
+            target.seek(0)
+            head = target.read(len(_MAGIC) + 1)
+            target.seek(where)
+    except (OSError, ValueError):
+        return None
+    if len(head) <= len(_MAGIC) or not head.startswith(_MAGIC):
+        return None
+    return head[len(_MAGIC)]
+
+
+def unreadable_version(reason: str) -> bool:
+    """Whether a file's problem (a :class:`~tsfile_torch.errors.FileProblem` reason) is a
+    format version the installed tsfile does not read, not damage."""
+    return reason.startswith("TsFile format version ")
+
+
+def check_format_version(target, name: str) -> None:
+    """Raise TsFileFormatError if the TsFile at ``target`` has a format version the installed
+    tsfile does not read (:data:`READABLE_VERSIONS`): a version, not damage."""
+    version = format_version(target)
+    if version is None or version in READABLE_VERSIONS:
+        return
+    readable = ", ".join(map(str, READABLE_VERSIONS))
+    raise TsFileFormatError(
+        f"{name}: TsFile format version {version}; the installed tsfile "
+        f"({_tsfile_version()}) reads format version {readable} only. The file is not "
+        f"damaged: rewrite it in version {READABLE_VERSIONS[-1]} (load it into a current "
+        f"IoTDB and export it, or read and write it again with a tsfile release that reads "
+        f"version {version}), or leave it out"
+    )
+
+
+def _tsfile_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"tsfile {version('tsfile')}"
+    except PackageNotFoundError:
+        return "tsfile"
+
+
 def _read_metadata(source: Source) -> tuple[dict, dict]:
-    """Return tsfile's timeseries metadata and table schemas of one file (reader closed)."""
+    """Return tsfile's timeseries metadata and table schemas of one file (reader closed).
+
+    Raises:
+        TsFileFormatError: a format version tsfile does not read, or unreadable metadata.
+    """
     with source.metadata_target() as target:
+        check_format_version(target, source.name)
         reader, _ = open_reader(target, "pread", check_mapped=False, name=source.name)
         try:
             return native_call(
