@@ -8,11 +8,24 @@ no key is silently dropped by a ``**kwargs``. It reads through the window datase
 ``__getitems__`` (same reading core, order, DDP sharding, resume, caches and checks);
 :func:`config_kwargs` / :func:`config_for` go the other way, from a dataset to a config.
 
-Supported classes (:data:`FAMILIES`): ``PatchTSTForPrediction`` and
+Supported classes (:data:`FAMILIES`, one table entry each): ``PatchTSTForPrediction`` and
 ``PatchTSMixerForPrediction`` (past values and mask, future values; no lags, no time or static
-features, no future mask), and ``TimeSeriesTransformerForPrediction``,
+features, no future mask), ``TimeSeriesTransformerForPrediction``,
 ``InformerForPrediction``, ``AutoformerForPrediction`` (lags, time features with the age
-feature, static categorical features, both masks; univariate ones take ``(batch, steps)``).
+feature, static categorical features, both masks; univariate ones take ``(batch, steps)``),
+and the row families, which read one series per row (a window of C columns is C rows):
+Chronos-Bolt's ``ChronosBoltModelForForecasting`` (``context``, ``mask``, ``target``,
+``target_mask``), Chronos-2's ``Chronos2Model`` (also ``group_ids``: the columns of a window
+are one group, ``num_output_patches``, and ``future_covariates`` for ``known=`` columns) and
+``TimesFm2_5ModelForPrediction`` (``past_values``, ``future_values``).
+
+Note: missing values by family. Each family gets missing values (nulls, grid holes, padding)
+the way it reads them, whatever ``fill=`` says: ``"mask"`` (patch and lag families): 0 and a
+0 in the observed mask; ``"nan"`` (Chronos-Bolt, Chronos-2): NaN and a False mask, because
+they scale the context by ``nanmean`` / ``nanstd`` of the values themselves, so a filled 0
+would leak into the scale; ``"complete"`` (TimesFM 2.5: no mask, and one NaN makes its loss
+NaN): only windows with no missing value (``max_missing=0.0``), and it says how many it left
+out of how many.
 
 Note: no future mask. PatchTST's and PatchTSMixer's forward take no future observed mask (and
 ``**kwargs`` would swallow one): a missing target value in a window's horizon would be trained
@@ -50,6 +63,7 @@ from tsfile_torch.errors import SchemaError, warn_caller
 __all__ = [
     "FAMILIES",
     "FUTURE_MISSING",
+    "MISSING",
     "Family",
     "HFWindows",
     "ModelInputs",
@@ -62,6 +76,10 @@ __all__ = [
 #: a missing future target; ``"error"`` refuses them; ``"keep"`` serves them, the filled values
 #: as targets.
 FUTURE_MISSING = ("drop", "error", "keep")
+#: how missing values reach a family (Note: missing values by family)
+MISSING = ("mask", "nan", "complete")
+#: the first transformers release with TimesFM 2.5 (``TimesFm2_5ModelForPrediction``)
+TIMESFM_2_5_TRANSFORMERS = "5.3.0"
 #: where static categorical features come from: each device's tag codes, or its index
 STATIC_CATEGORICAL = ("tags", "device")
 #: keys of the window dataset that no model takes, which ``keep=`` may add to the items
@@ -70,24 +88,63 @@ KEEPABLE = ("past_time", "future_time", "device_id")
 
 @dataclasses.dataclass(frozen=True)
 class Family:
-    """What one model class takes (forward argument names) and how its config says sizes."""
+    """What one model class takes: forward argument names, the items' shape, how missing values
+    reach it (Note: missing values by family) and where its config says sizes."""
 
     #: the model class name, e.g. ``"PatchTSTForPrediction"``
     model: str
     #: the config class name, e.g. ``"PatchTSTConfig"``
     config: str
-    #: config attribute holding the number of series (``num_input_channels`` / ``input_size``)
-    channels: str
-    #: forward argument of the past observed mask
-    past_mask: str
+    #: config attribute holding the number of series (``num_input_channels`` / ``input_size``);
+    #: None: the model reads one series per row, so any number of columns
+    channels: str | None
+    #: forward argument of the past observed mask (None: the model takes none)
+    past_mask: str | None
     #: past = ``context_length + max(lags_sequence)``; time, static features and a future mask
-    lags: bool
+    lags: bool = False
+    #: forward arguments of the past values, the future values and the future mask (None: none)
+    past: str = "past_values"
+    future: str = "future_values"
+    future_mask: str | None = None
+    #: items are rows ``(windows * columns, steps)``, one per column of each window, instead of
+    #: ``(windows, steps, columns)``; ``batch_size`` still counts windows
+    rows: bool = False
+    #: how missing values reach the model: one of :data:`MISSING`
+    missing: str = "mask"
+    #: config attributes (dotted: into a dict attribute) of the context and the horizon; horizon
+    #: None: the config has none, ``horizon=`` gives it
+    context: str = "context_length"
+    horizon: str | None = "prediction_length"
+    #: the config's sizes are the most the model takes: ``context_length=`` / ``horizon=`` may
+    #: ask fewer steps
+    at_most: bool = False
+    #: config attribute of the input patch size: a context shorter than one patch is refused
+    patch: str | None = None
+    #: config attributes (patches, patch size) whose product bounds ``horizon=``
+    max_horizon: tuple[str, str] | None = None
+    #: forward arguments of each row's group (the columns of one window are one group), of the
+    #: number of output patches and of the known future values (``known=``); None: none, and
+    #: without a group the targets are the columns (no covariates)
+    group: str | None = None
+    patches: str | None = None
+    known: str | None = None
+    #: where the config class lives, and what :func:`config_for` starts from (published values)
+    config_module: str = "transformers"
+    defaults: dict = dataclasses.field(default_factory=dict, compare=False)
+
+    @property
+    def no_future_mask(self) -> bool:
+        """Windows with a missing future target would be trained on their filled values
+        (Note: no future mask)."""
+        return not self.lags and self.future_mask is None and self.missing != "complete"
 
     @property
     def forward_keys(self) -> tuple[str, ...]:
-        """The forward arguments the items hold (static features when the config asks)."""
+        """The forward arguments the items hold (static features when the config asks, known
+        future values when ``known=`` names columns)."""
         if not self.lags:
-            return ("past_values", self.past_mask, "future_values")
+            keys = (self.past, self.past_mask, self.group, self.patches)
+            return tuple(k for k in (*keys, self.future, self.future_mask) if k)
         return (
             "past_values",
             "past_time_features",
@@ -99,12 +156,21 @@ class Family:
         )
 
     @property
+    def forecast_keys(self) -> tuple[str, ...]:
+        """The items' keys that a forecast takes (``model.generate`` of the lag family, a
+        forward without targets of the others): all but the future values and mask."""
+        future = (self.future, self.future_mask, "future_observed_mask")
+        return tuple(k for k in self.forward_keys if k not in future)
+
+    @property
     def generate_keys(self) -> tuple[str, ...]:
         """The items' keys that ``model.generate`` takes (it forecasts the future)."""
-        return tuple(
-            k for k in self.forward_keys if k not in ("future_values", "future_observed_mask")
-        )
+        return self.forecast_keys
 
+
+#: Chronos's published quantile levels: Chronos-Bolt's nine, Chronos-2's 21
+_BOLT_QUANTILES = [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+_CHRONOS2_QUANTILES = [0.01, *(round(0.05 * i, 2) for i in range(1, 20)), 0.99]
 
 #: model class name -> what it takes
 FAMILIES: dict[str, Family] = {
@@ -115,14 +181,14 @@ FAMILIES: dict[str, Family] = {
             "PatchTSTConfig",
             "num_input_channels",
             "past_observed_mask",
-            lags=False,
+            patch="patch_length",
         ),
         Family(
             "PatchTSMixerForPrediction",
             "PatchTSMixerConfig",
             "num_input_channels",
             "observed_mask",
-            lags=False,
+            patch="patch_length",
         ),
         Family(
             "TimeSeriesTransformerForPrediction",
@@ -140,6 +206,74 @@ FAMILIES: dict[str, Family] = {
             "input_size",
             "past_observed_mask",
             lags=True,
+        ),
+        Family(
+            "ChronosBoltModelForForecasting",
+            "T5Config",
+            None,
+            "mask",
+            past="context",
+            future="target",
+            future_mask="target_mask",
+            rows=True,
+            missing="nan",
+            context="chronos_config.context_length",
+            horizon="chronos_config.prediction_length",
+            at_most=True,
+            patch="chronos_config.input_patch_size",
+            defaults={  # amazon/chronos-bolt-*: T5's initializer_factor=1.0 starts near 5,000
+                "initializer_factor": 0.05,
+                "decoder_start_token_id": 0,
+                "pad_token_id": 0,
+                "is_encoder_decoder": True,
+                "chronos_config": {
+                    "input_patch_size": 16,
+                    "input_patch_stride": 16,
+                    "quantiles": _BOLT_QUANTILES,
+                    "use_reg_token": True,
+                },
+            },
+        ),
+        Family(
+            "Chronos2Model",
+            "Chronos2CoreConfig",
+            None,
+            "context_mask",
+            past="context",
+            future="future_target",
+            future_mask="future_target_mask",
+            rows=True,
+            missing="nan",
+            context="chronos_config.context_length",
+            horizon=None,
+            at_most=True,
+            patch="chronos_config.input_patch_size",
+            max_horizon=("chronos_config.max_output_patches", "chronos_config.output_patch_size"),
+            group="group_ids",
+            patches="num_output_patches",
+            known="future_covariates",
+            config_module="chronos.chronos2.config",
+            defaults={  # amazon/chronos-2 (initializer_factor 0.05 is the class default)
+                "chronos_config": {
+                    "input_patch_size": 16,
+                    "input_patch_stride": 16,
+                    "output_patch_size": 16,
+                    "quantiles": _CHRONOS2_QUANTILES,
+                    "use_reg_token": True,
+                    "use_arcsinh": True,
+                },
+            },
+        ),
+        Family(
+            "TimesFm2_5ModelForPrediction",
+            "TimesFm2_5Config",
+            None,
+            None,
+            rows=True,
+            missing="complete",
+            horizon="horizon_length",
+            at_most=True,
+            patch="patch_length",
         ),
     )
 }
@@ -161,16 +295,27 @@ class ModelInputs:
     static: str | None
     future_missing: str
     keep: tuple[str, ...]
+    #: row families: the first ``targets`` columns are forecast (0: all), the others are
+    #: covariates; positions of the columns known in the future; output patches per batch
+    targets: int = 0
+    known: tuple[int, ...] = ()
+    num_output_patches: int = 0
 
     @property
     def keys(self) -> list[str]:
         """The keys of every item, in order: forward arguments, then ``keep``'s."""
         skip = () if self.static else ("static_categorical_features",)
-        return [k for k in self.family.forward_keys if k not in skip] + list(self.keep)
+        keys = [k for k in self.family.forward_keys if k not in skip]
+        if self.known:
+            at = keys.index(self.family.patches)
+            keys[at:at] = [self.family.known, f"{self.family.known}_mask"]
+        return keys + list(self.keep)
 
     def forward(self, parts: dict[str, torch.Tensor], rows: np.ndarray | None) -> dict:
         """Return the forward arguments of a batch of dict items (``rows``: start row of each
         window, for the age feature)."""
+        if self.family.rows:
+            return self.rows(parts)
         family, out = self.family, {}
         past, future = parts["past_values"], parts["future_values"]
         # missing values are 0 where masked; in place: these arrays are this batch's own
@@ -195,6 +340,38 @@ class ModelInputs:
             out["future_values"] = future
         for key in self.keep:
             out[key] = parts[key]
+        return out
+
+    def rows(self, parts: dict[str, torch.Tensor]) -> dict:
+        """Return the forward arguments of a row family: one row per column of each window,
+        missing values as the family reads them (Note: missing values by family)."""
+        family, out = self.family, {}
+        n, columns = parts["past_values"].shape[0], parts["past_values"].shape[2]
+
+        def rows(t: torch.Tensor) -> torch.Tensor:  # (n, steps, columns) -> (n * columns, steps)
+            return t.transpose(1, 2).reshape(n * columns, t.shape[1])
+
+        seen, ahead = rows(parts["past_observed_mask"]) > 0, rows(parts["future_observed_mask"]) > 0
+        past, future = rows(parts["past_values"]), rows(parts["future_values"])
+        nan = family.missing == "nan"
+        out[family.past] = past.masked_fill(~seen, float("nan")) if nan else past
+        if family.past_mask:
+            out[family.past_mask] = seen
+        if family.group:
+            out[family.group] = torch.arange(n).repeat_interleave(columns)
+        if self.known:
+            known = torch.zeros(columns, dtype=torch.bool)
+            known[list(self.known)] = True
+            values = future.masked_fill(~(ahead & known.repeat(n)[:, None]), float("nan"))
+            out[family.known] = values  # its mask in the values' dtype, as Chronos-2 makes it
+            out[f"{family.known}_mask"] = torch.isnan(values).logical_not().to(values.dtype)
+        if family.patches:
+            out[family.patches] = self.num_output_patches
+        if self.targets:  # covariates are read, not forecast: no loss on them
+            ahead &= (torch.arange(columns) < self.targets).repeat(n)[:, None]
+        out[family.future] = future.masked_fill(~ahead, float("nan")) if nan else future
+        if family.future_mask:
+            out[family.future_mask] = ahead
         return out
 
 
@@ -240,10 +417,18 @@ class HFWindows(TsFileWindowDataset):
         """The keys of every item: forward arguments of the model (then ``keep=``'s keys)."""
         return self.inputs.keys
 
+    def forecast_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Return the arguments of a forecast from a batch: ``model(**...)`` of the Chronos
+        families, TimesFM and the patch models, ``model.generate(**...)`` of the lag family.
+        The future values and mask are left out (known future covariates stay)."""
+        keys = self.inputs.family.forecast_keys
+        known = self.inputs.family.known
+        return {k: v for k, v in batch.items() if k in keys or (known and k.startswith(known))}
+
     def generate_inputs(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Return the arguments of ``model.generate`` from a batch: it forecasts the future,
-        so the future values and mask are left out (it takes no other key)."""
-        return {k: v for k, v in batch.items() if k in self.inputs.family.generate_keys}
+        """Return the arguments of ``model.generate`` from a batch (lag family): as
+        :meth:`forecast_inputs`."""
+        return self.forecast_inputs(batch)
 
     def __getitems__(self, indices: Sequence[int]):
         batch = super().__getitems__(indices)
@@ -276,14 +461,19 @@ class HFWindows(TsFileWindowDataset):
 
 
 def _resolve(config_or_model) -> tuple[Family, Any]:
-    """Return (family, config) of a supported model or config instance."""
+    """Return (family, config) of a supported model or config instance (or of the model a
+    Chronos pipeline holds: ``pipeline.model``)."""
+    inner = getattr(config_or_model, "model", None)
+    if inner is not None and type(inner).__name__ in FAMILIES:
+        config_or_model = inner
     names = [c.__name__ for c in type(config_or_model).__mro__]
     config = getattr(config_or_model, "config", None)
     for name in names:
         if name in FAMILIES and config is not None:
             return FAMILIES[name], config
-        if name in _BY_CONFIG:
-            return _BY_CONFIG[name], config_or_model
+        family = _BY_CONFIG.get(name)
+        if family is not None and _size(config_or_model, family.context) is not None:
+            return family, config_or_model  # (a T5Config without chronos_config is not one)
     raise TypeError(
         f"config_or_model must be a model or config of one of the supported classes "
         f"{sorted(FAMILIES)} (configs {sorted(_BY_CONFIG)}); got {type(config_or_model).__name__}"
@@ -312,6 +502,17 @@ def _count(config, name: str) -> int:
     return 0 if value is None else int(value)
 
 
+def _size(config, path: str) -> int | None:
+    """Return the config's size at ``path`` (dotted: ``chronos_config.context_length`` reads
+    a dict attribute), None where it has none."""
+    value = config
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else getattr(value, part, None)
+        if value is None:
+            return None
+    return int(value)
+
+
 def windows_for(
     config_or_model,
     sources,
@@ -322,6 +523,7 @@ def windows_for(
     age: bool = True,
     static_categorical: str = "tags",
     keep: Sequence[str] = (),
+    known: Sequence[str] | str = (),
     **window_options,
 ) -> HFWindows:
     """Return windows of ``sources`` whose items are the forward arguments of a model.
@@ -333,13 +535,21 @@ def windows_for(
     hold the forward arguments only (see :data:`FAMILIES` and ``docs/huggingface.md``), so
     ``model(**batch)`` takes every key it is given.
 
+    Row families (Chronos-Bolt, Chronos-2, TimesFM 2.5) read one series per row: a batch of
+    ``batch_size`` windows of C columns is ``batch_size * C`` rows. Their configs' context and
+    horizon are the most they take: ``context_length=`` / ``horizon=`` may ask fewer steps
+    (Chronos-2's config has no horizon: ``horizon=`` is needed, at most ``max_output_patches *
+    output_patch_size``). Missing values reach each family as it reads them (Note: missing
+    values by family).
+
     Args:
-        config_or_model: a supported model (``PatchTSTForPrediction(config)``...) or config.
+        config_or_model: a supported model (``PatchTSTForPrediction(config)``...), its
+            config, or a Chronos pipeline (its ``.model``).
         sources: as for :class:`~tsfile_torch.TsFileWindowDataset`.
-        columns: field names of the series the model reads and forecasts (``None``: every
-            numeric field the devices share).
+        columns: field names of the series the model reads (``None``: every numeric field the
+            devices share; Chronos-2: ``targets`` and ``known``).
         targets: ``None`` or the same fields as ``columns`` (these models forecast the series
-            they read).
+            they read); Chronos-2: the columns it forecasts, the others being covariates.
         future_missing: for models with no future mask (PatchTST, PatchTSMixer; Note: no
             future mask): ``"drop"`` (default) leaves out the windows whose horizon has a
             missing target value and warns once how many of how many; ``"error"`` refuses
@@ -353,7 +563,9 @@ def windows_for(
             ``ds.devices``).
         keep: keys the models do not take to add to the items anyway, from
             ``"past_time"``, ``"future_time"``, ``"device_id"``; ``model(**batch)`` would
-            ignore them, so take them out of the batch first.
+            ignore them, so take them out of the batch first (not for row families).
+        known: Chronos-2: covariate columns known in the future (calendar, set points): their
+            horizon reaches the model as ``future_covariates``, and its loss leaves them out.
         **window_options: the window dataset's other arguments (``stride``, ``devices``,
             ``order``, ``seed``, ``rank``, ``time_features``, ``normalize``, ``fill``,
             ``min_context``, ``max_missing``, ``start_time``, ``cache``...).
@@ -373,22 +585,14 @@ def windows_for(
     for key in keep:
         if key not in KEEPABLE:
             raise ValueError(f"keep takes keys from {list(KEEPABLE)}; got {key!r}")
-    for name, source in (
-        ("context_length", "context_length (+ max(lags_sequence))"),
-        ("horizon", "prediction_length"),
-        ("return_dict", "the model: items are dicts"),
-    ):
-        if name in window_options:
-            raise ValueError(
-                f"{name} comes from {source} of the {family.config}; drop {name}= (build the "
-                f"config with the value you want)"
-            )
-    context, horizon = _count(config, "context_length"), _count(config, "prediction_length")
-    if context < 1 or horizon < 1:
+    if keep and family.rows:
         raise ValueError(
-            f"{family.config} needs context_length >= 1 and prediction_length >= 1; got "
-            f"{context} and {horizon}"
+            f"keep={list(keep)}: {family.model}'s items are rows (one per column of each "
+            f"window), not windows; drop keep= (ds.window_info(i) says where window i is from)"
         )
+    if "return_dict" in window_options:
+        raise ValueError(f"return_dict comes from {family.model}: items are dicts; drop it")
+    context, horizon = _sizes(family, config, window_options)
     past = context
     if family.lags:
         lags = list(getattr(config, "lags_sequence", None) or [])
@@ -404,25 +608,27 @@ def windows_for(
             f"time_features: {family.model}'s forward takes no time features; drop "
             f"time_features={list(time_features)}"
         )
-    if targets is not None and columns is not None:
-        if _listed(targets) != _listed(columns):
-            raise ValueError(
-                f"targets {_listed(targets)} must be the columns {_listed(columns)}: "
-                f"{family.model} forecasts the series it reads; drop targets="
-            )
-    columns = columns if columns is not None else targets
-    if not family.lags:  # Note: no future mask: count (and with "drop" leave out) such windows
+    columns, n_targets, known = _columns(family, columns, targets, known)
+    if family.no_future_mask:  # Note: no future mask: count (and with "drop" leave out) those
         given = window_options.get("max_future_missing")
         window_options["max_future_missing"] = (
             given if given is not None else (0.0 if future_missing == "drop" else 1.0)
         )
+    if family.missing == "complete":  # Note: missing values by family
+        if window_options.get("max_missing") not in (None, 0, 0.0):
+            raise ValueError(
+                f"max_missing={window_options['max_missing']!r}: {family.model} reads no mask "
+                f"and a NaN makes its loss NaN, so it gets complete windows only "
+                f"(max_missing=0.0); drop max_missing="
+            )
+        window_options["max_missing"] = 0.0
     try:
         ds = HFWindows(
             sources, past, horizon, columns=columns, targets=columns, return_dict=True,
             **window_options,
         )  # fmt: skip
     except SchemaError as err:
-        if not family.lags and future_missing == "drop" and "max_future_missing" in str(err):
+        if family.no_future_mask and future_missing == "drop" and "max_future_missing" in str(err):
             raise SchemaError(
                 f"every window has a missing target value in its horizon, and {family.model} "
                 f"takes no future mask, so future_missing='drop' leaves none ({err}). Pass "
@@ -430,7 +636,7 @@ def windows_for(
                 f"null counts (tsfile_torch.list_devices) and freq="
             ) from err
         raise
-    series = _count(config, family.channels)
+    series = _count(config, family.channels) if family.channels else len(ds.columns)
     if series != len(ds.columns):
         raise ValueError(
             f"{family.config}.{family.channels} is {series} but the windows hold "
@@ -449,9 +655,111 @@ def windows_for(
             f"or leave normalize= out"
         )
     squeeze = family.lags and series == 1
-    ds.inputs = ModelInputs(family, context, squeeze, age, static, future_missing, keep)
+    patches = 0
+    if family.max_horizon:
+        patches = -(-horizon // _size(config, family.max_horizon[1]))
+    ds.inputs = ModelInputs(
+        family, context, squeeze, age, static, future_missing, keep,
+        targets=n_targets, known=known, num_output_patches=patches,
+    )  # fmt: skip
     _check_future(ds)
     return ds
+
+
+def _sizes(family: Family, config, window_options: dict) -> tuple[int, int]:
+    """Return (context, horizon) of the windows from the config (and, where the config's
+    sizes are maxima, ``context_length=`` / ``horizon=`` popped from ``window_options``)."""
+    wanted = {}
+    for name, path in (("context_length", family.context), ("horizon", family.horizon)):
+        given = window_options.pop(name, None) if family.at_most else None
+        if name in window_options:
+            where = "context_length (+ max(lags_sequence))" if name != "horizon" else path
+            raise ValueError(
+                f"{name} comes from {where} of the {family.config}; drop {name}= (build the "
+                f"config with the value you want)"
+            )
+        most = _size(config, path) if path else None
+        if given is not None and (isinstance(given, bool) or not isinstance(given, int)):
+            raise TypeError(f"{name} should be a positive integer, but got {name}={given!r}")
+        if given is not None and most is not None and given > most:
+            raise ValueError(
+                f"{name}={given} is longer than {family.config}.{path} = {most}, the most "
+                f"{family.model} takes; pass {name}<={most} or build the config with {most} "
+                f"raised"
+            )
+        wanted[name] = given if given is not None else most
+    context, horizon = wanted["context_length"], wanted["horizon"]
+    if horizon is None:
+        raise ValueError(
+            f"{family.config} has no horizon: pass horizon= (the steps {family.model} learns to "
+            f"forecast, at most {_max_horizon(family, config)})"
+        )
+    if not context or context < 1 or horizon < 1:
+        raise ValueError(
+            f"{family.config} needs {family.context} >= 1 and "
+            f"{family.horizon or 'horizon'} >= 1; got {context} and {horizon}"
+        )
+    patch = _size(config, family.patch) if family.patch else None
+    if patch and context < patch:
+        raise ValueError(
+            f"context_length {context} is shorter than one patch ({family.config}.{family.patch}"
+            f" = {patch}); pass context_length>={patch} or build the config with "
+            f"{family.patch.rsplit('.', 1)[-1]}<={context}"
+        )
+    most = _max_horizon(family, config)
+    if most is not None and horizon > most:
+        patches, size = family.max_horizon
+        raise ValueError(
+            f"horizon={horizon} is longer than {family.config}.{patches} * {size} = {most}; "
+            f"pass horizon<={most} or build the config with "
+            f"{patches.rsplit('.', 1)[-1]}>={-(-horizon // _size(config, size))}"
+        )
+    return context, horizon
+
+
+def _max_horizon(family: Family, config) -> int | None:
+    """Return the longest horizon the config allows where it says one by patches."""
+    if not family.max_horizon:
+        return None
+    patches, size = (_size(config, path) for path in family.max_horizon)
+    return (patches or 1) * size
+
+
+def _columns(family: Family, columns, targets, known) -> tuple[list | None, int, tuple]:
+    """Return (columns in the order the model takes them, number of targets (0: all), known
+    columns' positions): targets first, then the covariates read only, then the known ones."""
+    known = [known] if isinstance(known, str) else list(known)
+    if not family.group:
+        if known:
+            raise ValueError(
+                f"known={known}: {family.model} takes no future covariates; drop known="
+            )
+        if targets is not None and columns is not None and _listed(targets) != _listed(columns):
+            raise ValueError(
+                f"targets {_listed(targets)} must be the columns {_listed(columns)}: "
+                f"{family.model} forecasts the series it reads; drop targets="
+            )
+        return (columns if columns is not None else targets), 0, ()
+    if columns is None:
+        columns = None if targets is None else _listed(targets) + known
+    if columns is None:
+        if known:
+            raise ValueError(f"known={known} needs targets= (the columns to forecast)")
+        return None, 0, ()
+    columns = _listed(columns)
+    targets = [c for c in columns if c not in known] if targets is None else _listed(targets)
+    for name, names in (("targets", targets), ("known", known)):
+        if not set(names) <= set(columns):
+            raise ValueError(f"{name} {names} must be among the columns {columns}")
+    if set(targets) & set(known):
+        raise ValueError(
+            f"known {known} and targets {targets} overlap: a known column is a covariate, "
+            f"not forecast"
+        )
+    rest = [c for c in columns if c not in targets and c not in known]
+    ordered = list(targets) + rest + known
+    n = len(targets) if len(targets) < len(columns) else 0
+    return ordered, n, tuple(range(len(ordered) - len(known), len(ordered)))
 
 
 def _check_lag_config(family: Family, config, ds: HFWindows, time_features, age: bool) -> None:
@@ -505,7 +813,16 @@ def _check_future(ds: HFWindows) -> None:
     """Say how many windows with a missing future target were left out, or refuse those left
     where the model has no future mask and ``future_missing="error"`` (Note: no future mask)."""
     inputs = ds.inputs
-    if inputs.family.lags or ds.filtered is None:
+    if inputs.family.missing == "complete" and ds.filtered is not None:
+        f = ds.filtered
+        if f.over_missing:
+            warn_caller(
+                f"left out {f.over_missing:,} of {f.windows:,} windows with a missing value "
+                f"({inputs.family.model} reads no mask and no NaN: complete windows only); "
+                f"{len(ds):,} windows are served"
+            )
+        return
+    if not inputs.family.no_future_mask or ds.filtered is None:
         return  # masked by the loss
     f, model = ds.filtered, inputs.family.model
     if f.over_future and inputs.future_missing == "drop":
@@ -551,7 +868,9 @@ def config_kwargs(ds: TsFileWindowDataset, model) -> dict[str, Any]:
     rows more), the number of series (``num_input_channels`` / ``input_size``) and, for the
     lag family, ``num_time_features`` (``ds.time_features`` and the age feature),
     ``num_static_categorical_features`` and ``cardinality`` (one per tag level of
-    ``ds.tag_vocab``; none without tags).
+    ``ds.tag_vocab``; none without tags). Each family's sizes go where its config keeps them
+    (Chronos: in ``chronos_config``; TimesFM 2.5: ``horizon_length``; Chronos-2:
+    ``max_output_patches`` enough for ``ds.horizon`` with the published patch size).
 
     Args:
         ds: a window dataset over the data the model will train on.
@@ -563,11 +882,15 @@ def config_kwargs(ds: TsFileWindowDataset, model) -> dict[str, Any]:
             f"{family.model} forecasts: ds needs horizon >= 1 (prediction_length); got 0"
         )
     inputs = getattr(ds, "inputs", None)  # an HFWindows reads the model's lags too
-    out = {
-        "context_length": ds.context_length if inputs is None else inputs.context_length,
-        "prediction_length": ds.horizon,
-        family.channels: len(ds.columns),
-    }
+    out: dict[str, Any] = {}
+    _put(out, family.context, ds.context_length if inputs is None else inputs.context_length)
+    if family.horizon:
+        _put(out, family.horizon, ds.horizon)
+    if family.max_horizon:
+        patches, size = family.max_horizon
+        _put(out, patches, -(-ds.horizon // _size(family.defaults, size)))
+    if family.channels:
+        out[family.channels] = len(ds.columns)
     if family.lags:
         out["num_time_features"] = len(ds.time_features or ()) + 1
         sizes = [len(v) for v in ds.tag_vocab]
@@ -577,12 +900,43 @@ def config_kwargs(ds: TsFileWindowDataset, model) -> dict[str, Any]:
     return out
 
 
+def _put(out: dict, path: str, value) -> None:
+    """Set ``out[path]``, a dotted path making nested dicts (``chronos_config.context_length``)."""
+    *parents, name = path.split(".")
+    for part in parents:
+        out = out.setdefault(part, {})
+    out[name] = value
+
+
+def _merged(*dicts: dict) -> dict:
+    """Return the dicts merged left to right, dict values merged key by key."""
+    out: dict = {}
+    for d in dicts:
+        for key, value in d.items():
+            old = out.get(key)
+            out[key] = (
+                _merged(old, value) if isinstance(old, dict) and isinstance(value, dict) else value
+            )
+    return out
+
+
 def config_for(model, ds: TsFileWindowDataset, **overrides):
-    """Return a ``transformers`` config for ``model``'s class from the dataset ``ds``:
-    :func:`config_kwargs`, then ``overrides`` (``d_model=16``, ``lags_sequence=[1, 2]``...).
+    """Return a config for ``model``'s class from the dataset ``ds``: the family's published
+    defaults (Chronos-Bolt: ``initializer_factor=0.05``, patches of 16, nine quantiles...),
+    :func:`config_kwargs`, then ``overrides`` (``d_model=16``, ``lags_sequence=[1, 2]``...;
+    a dict such as ``chronos_config`` is merged key by key).
     """
-    import transformers
+    import importlib
 
     family = _family_of(model)
-    config_class = getattr(transformers, family.config)
-    return config_class(**{**config_kwargs(ds, family.model), **overrides})
+    config_class = getattr(importlib.import_module(family.config_module), family.config, None)
+    if config_class is None:
+        raise ImportError(
+            f"{family.config} is not in the installed {family.config_module}; {family.model} "
+            f"needs a newer one (TimesFM 2.5: transformers>={TIMESFM_2_5_TRANSFORMERS})"
+        )
+    kwargs = _merged(family.defaults, config_kwargs(ds, family.model), overrides)
+    if family.max_horizon and _size(overrides, family.max_horizon[0]) is None:
+        patches, size = family.max_horizon  # enough patches of the size the config ends with
+        _put(kwargs, patches, -(-ds.horizon // _size(kwargs, size)))
+    return config_class(**kwargs)
