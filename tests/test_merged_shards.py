@@ -18,10 +18,12 @@ from tsfile_torch import (
     TsFileDataset,
     TsFileIterableDataset,
     TsFileWindowDataset,
+    list_devices,
     make_loader,
     synthetic,
 )
 from tsfile_torch.catalog.build import build_catalog
+from tsfile_torch.cli import main
 
 M = 60_000  # one minute in ms
 BASE = 1_704_067_200_000  # 2024-01-01T00:00:00Z
@@ -288,3 +290,23 @@ def test_duplicates_resolved_cell_by_cell(duplicates, mode, num_workers):
 def test_duplicates_option_is_checked():
     with pytest.raises(ValueError, match=r"duplicates must be one of 'error', 'first', 'last'"):
         TsFileDataset(".", duplicates="newest")
+
+
+def test_list_devices_and_inspect_name_overlapping_files_and_duplicates(duplicates, capsys):
+    directory, _ = duplicates
+    info = list_devices(directory)["p.d1"]
+    assert (info.overlapping_files, info.duplicates, info.num_rows) == (3, 70, 150)
+    assert info.overlap == (BASE + 50 * M, BASE + 119 * M)
+    assert main(["inspect", str(directory)]) == 0
+    out = capsys.readouterr().out
+    assert f"3 files overlap in time in [{BASE + 50 * M}, {BASE + 119 * M}]" in out
+    assert "70 timestamps in more than one file" in out
+
+
+def test_list_devices_of_files_that_overlap_without_duplicates(case):
+    directory, frame = case
+    info = list_devices(directory)["p.d1"]
+    assert info.num_rows == len(frame) and info.duplicates == 0
+    # late: b follows a, only c's late minutes overlap a
+    assert info.overlapping_files == (3 if directory.name.startswith("three") else 2)
+    assert list_devices(directory)["p.d2"].overlapping_files == 0

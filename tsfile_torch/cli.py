@@ -272,10 +272,30 @@ def _add_listing(report: dict, listing) -> None:
             max_gap=info.max_gap,
             nulls=info.nulls,
             shared_timeline=info.shared_timeline,
+            overlapping_files=info.overlapping_files,
+            overlap=info.overlap,
+            duplicates=info.duplicates,
         )
         for field, nulls in info.nulls.items():
             if f"{info.name}.{field}" in columns:
                 columns[f"{info.name}.{field}"]["num_nulls"] = nulls
+
+
+def _overlap_note(device: dict) -> str:
+    """What ``inspect`` says of a device whose files overlap in time (Note: merged shards)."""
+    if not device.get("overlapping_files"):
+        return ""
+    first, last = device["overlap"]
+    note = (
+        f"; {device['overlapping_files']} files overlap in time in [{first}, {last}] "
+        f"(read merged by timestamp)"
+    )
+    if device["duplicates"]:
+        note += (
+            f", {device['duplicates']} timestamps in more than one file (pass duplicates='first' "
+            f"or 'last')"
+        )
+    return note
 
 
 def _print_inspect(report: dict, args: argparse.Namespace) -> None:
@@ -300,7 +320,7 @@ def _print_inspect(report: dict, args: argparse.Namespace) -> None:
             step = "one row"
         print(
             f"  {d['name']:<30} {d['num_rows']} rows, {_time_range(d, args)}, {step}; "
-            f"{len(d['columns'])} columns in {', '.join(d['files'])}"
+            f"{len(d['columns'])} columns in {', '.join(d['files'])}{_overlap_note(d)}"
         )
     print("timelines (columns with equal timestamps, compared as read):")
     seen: dict[tuple, int] = {}
@@ -424,8 +444,15 @@ def _cache(args: argparse.Namespace) -> int:
 
     directory = diskcache.decoded_dir(args.cache_dir)
     if args.action == "clear":
-        count, nbytes = diskcache.clear(directory)
-        print(f"{directory}: deleted {count} entries, {nbytes / 2**20:.1f} MiB")
+        from tsfile_torch.options import user_cache_dir
+        from tsfile_torch.read.timeline import clear_index_cache
+
+        count, nbytes, busy = diskcache.clear(directory)
+        left = f"; {busy} being created by a running fill, left" if busy else ""
+        print(f"{directory}: deleted {count} entries, {nbytes / 2**20:.1f} MiB{left}")
+        index_dir = args.index_cache or user_cache_dir("index")
+        count, nbytes = clear_index_cache(index_dir)
+        print(f"{index_dir}: deleted {count} timeline indexes, {nbytes / 2**20:.1f} MiB")
         return 0
     found = diskcache.entries(directory, details=True)
     if args.json:
@@ -658,14 +685,24 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--json", action="store_true", help="one JSON record per file")
     v.set_defaults(func=_verify)
 
-    k = sub.add_parser("cache", help='show or empty the decoded cache of cache="disk"')
+    k = sub.add_parser(
+        "cache", help='show or empty the decoded cache of cache="disk" (clear: and the indexes)'
+    )
     k.add_argument(
-        "action", choices=["info", "clear"], help="info: list the entries; clear: delete them"
+        "action",
+        choices=["info", "clear"],
+        help="info: list the entries; clear: delete them and the saved timeline indexes "
+        "(entries a running fill is creating stay)",
     )
     k.add_argument(
         "--cache-dir",
         help="the datasets' cache_dir (entries in CACHE_DIR/decoded; default "
         "$XDG_CACHE_HOME/tsfile-torch/decoded)",
+    )
+    k.add_argument(
+        "--index-cache",
+        help="clear: the datasets' index_cache directory (default "
+        "$XDG_CACHE_HOME/tsfile-torch/index)",
     )
     k.add_argument("--json", action="store_true", help="info: one JSON record per entry")
     k.set_defaults(func=_cache)

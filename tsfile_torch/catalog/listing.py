@@ -69,6 +69,12 @@ class DeviceInfo:
         shared_timeline: every field has a row (a value or a null) at each of the device's
             timestamps: its fields share one time column (table model, aligned tree devices)
             or have equal timestamps (compared).
+        overlapping_files: how many of its files hold time ranges that overlap another
+            file's (datasets merge them by timestamp: Note: merged shards in
+            :mod:`tsfile_torch.read.merge`); 0 when none do.
+        overlap: the time range where its files overlap (first, last), or None.
+        duplicates: timestamps stored in more than one of its files (a dataset refuses them
+            unless ``duplicates="first"`` or ``"last"``).
     """
 
     name: str
@@ -82,6 +88,9 @@ class DeviceInfo:
     nulls: dict[str, int | None]
     files: tuple[str, ...]
     shared_timeline: bool
+    overlapping_files: int = 0
+    overlap: tuple[int, int] | None = None
+    duplicates: int = 0
 
 
 @dataclass(frozen=True)
@@ -231,12 +240,28 @@ def _with_hint(reason: str) -> str:
 def _files_overlap(shards: Sequence[Shard]) -> bool:
     """Whether the device's time ranges in different files overlap (its files' timestamps then
     interleave: the union needs them all at once)."""
+    return _overlap(shards)[0] > 0
+
+
+def _overlap(shards: Sequence[Shard]) -> tuple[int, tuple[int, int] | None]:
+    """Return how many files' time ranges of the device overlap another file's, and the time
+    range where they do (None: no overlap)."""
     spans: dict[int, tuple[int, int]] = {}
     for s in shards:
         lo, hi = spans.get(s.file_index, (s.start_time, s.end_time))
         spans[s.file_index] = (min(lo, s.start_time), max(hi, s.end_time))
-    ordered = sorted(spans.values())
-    return any(b[0] <= a[1] for a, b in pairwise(ordered))
+    ordered = sorted(spans.items(), key=lambda kv: kv[1])
+    hit: set[int] = set()
+    first = last = None
+    end, end_file = None, None
+    for f, (lo, hi) in ordered:
+        if end is not None and lo <= end:
+            hit.update((f, end_file))
+            first = lo if first is None else min(first, lo)
+            last = min(hi, end) if last is None else max(last, min(hi, end))
+        if end is None or hi > end:
+            end, end_file = hi, f
+    return len(hit), (None if first is None else (first, last))
 
 
 @dataclass
@@ -255,6 +280,8 @@ class _Clock:
     counts: np.ndarray
     fingerprint: tuple[int, int]
     times: np.ndarray | None = None
+    #: timestamps found in more than one of the pieces merged into it
+    duplicates: int = 0
 
 
 _SEEDS = (0x9E3779B97F4A7C15, 0xD1B54A32D192ED03)
@@ -292,7 +319,8 @@ def _merge(pieces: list[_Clock]) -> _Clock:
         return pieces[0]
     pieces = sorted(pieces, key=lambda c: c.first)
     if any(b.first <= a.last for a, b in pairwise(pieces)):
-        return _clock(np.unique(np.concatenate([c.times for c in pieces])))
+        times, counts = np.unique(np.concatenate([c.times for c in pieces]), return_counts=True)
+        return dataclasses.replace(_clock(times), duplicates=int(np.count_nonzero(counts > 1)))
     joins = np.array([b.first - a.last for a, b in pairwise(pieces)], dtype=np.int64)
     return _Clock(
         sum(c.num_rows for c in pieces),
@@ -429,6 +457,7 @@ def _describe(
         values[shard.measurement] = count + shard.num_values if known else None
     step, gap = _median_and_gap(clock)
     device_key = _key([clock])
+    overlapping, overlap = _overlap([s for _, _, s in members if s.file_index in read])
     return DeviceInfo(
         name=name,
         tags=tags,
@@ -441,4 +470,7 @@ def _describe(
         nulls={f: None if v is None else clock.num_rows - v for f, v in values.items()},
         files=tuple(dict.fromkeys(held)),
         shared_timeline=all(key == device_key for key in keys.values()),
+        overlapping_files=overlapping,
+        overlap=overlap,
+        duplicates=clock.duplicates,
     )
