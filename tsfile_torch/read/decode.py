@@ -87,21 +87,23 @@ class GroupDecoder:
         #: called with a description of each native read before it starts, and with None after
         self.on_read = None
 
-    def group_times(self, group_index: int) -> np.ndarray:
-        """Return every timestamp of one read group (its time column only, one query)."""
+    def group_times(self, group_index: int, t0=None, t1=None, purpose: str = "") -> np.ndarray:
+        """Return the timestamps of one read group in ``[t0, t1]`` (default: all of them; its
+        time column only, one guarded query); ``purpose`` ends the read's description."""
         group = self.catalog.groups[group_index]
-        info = self.catalog.files[group.file_index]
-        reader, handles = self.files.handles(group_index, group)
-        what = f"device {'.'.join(map(str, group.device))}, its timestamps"
+        t0 = group.start_time if t0 is None else t0
+        t1 = group.end_time if t1 is None else t1
+        reader, handles = self.files.handles(group_index, group)  # may have been closed
+        what = f"device {'.'.join(map(str, group.device))}, timestamps [{t0}, {t1}]{purpose}"
         return guarded_call(  # Note: guarded read
-            info,
+            self.catalog.files[group.file_index],
             what,
             query_times,
             reader,
             handles[0],
             group.aligned,
-            group.start_time,
-            group.end_time,
+            t0,
+            t1,
             on_read=self.on_read,
         )
 
@@ -110,24 +112,10 @@ class GroupDecoder:
         if index is None:
             group = self.catalog.groups[group_index]
             info = self.catalog.files[group.file_index]
+            purpose = f" for the timeline index via {self.read_backend}"
 
             def fetch(t0: int, t1: int) -> np.ndarray:
-                reader, handles = self.files.handles(group_index, group)  # may have been closed
-                what = (
-                    f"device {'.'.join(map(str, group.device))}, timestamps [{t0}, {t1}] for "
-                    f"the timeline index via {self.read_backend}"
-                )
-                return guarded_call(  # Note: guarded read
-                    info,
-                    what,
-                    query_times,
-                    reader,
-                    handles[0],
-                    group.aligned,
-                    t0,
-                    t1,
-                    on_read=self.on_read,
-                )
+                return self.group_times(group_index, t0, t1, purpose)
 
             # open first: the cache key is the identity the reader was opened on (Note: index
             # cache), never the file's identity at save time
