@@ -368,3 +368,13 @@ def test_many_short_runs_and_few_long_ones_read_the_same(tmp_path, block_rows):
             np.testing.assert_array_equal(got, values)
             np.testing.assert_array_equal(np.concatenate([w["past_time"], w["future_time"]]), times)
     assert i == len(ds)
+
+
+def test_a_grid_in_the_wrong_time_unit_is_refused_naming_the_unit(tmp_path):
+    steps = np.arange(50)
+    devices = {"m0": (BASE * 1_000_000 + steps * Q * 1_000_000, np.ones((50, 2)))}  # ns
+    path = synthetic.write_table_devices(tmp_path / "ns.tsfile", "meters", ["x", "y"], devices)
+    with pytest.raises(SchemaError, match=r"look like 'ns': pass time_unit='ns'"):
+        TsFileWindowDataset(path, CONTEXT, HORIZON, freq="15min")
+    ds = TsFileWindowDataset(path, CONTEXT, HORIZON, freq="15min", time_unit="ns")
+    assert len(ds) == 50 - CONTEXT - HORIZON + 1

@@ -33,6 +33,10 @@ __all__ = ["TIME_STRETCH", "Grid", "GridSpec", "StepSummary", "step_summary"]
 TIME_STRETCH = 1 << 20
 #: Most runs of readings a read copies one by one; more: one scatter by position.
 _RUN_COPIES = 64
+#: Grid steps per reading beyond which a grid is refused as a wrong step or time unit.
+SPARSE_STEPS = 1000
+#: The time unit timestamps of recent years (1973-2286) have, by their magnitude.
+_UNIT_BY_DIGITS = {10: "s", 13: "ms", 16: "us", 19: "ns"}
 
 
 @dataclass(frozen=True)
@@ -197,8 +201,11 @@ class Grid:
             raise SchemaError(f"{name}: no rows to place on the {spec.label} grid")
         run_pos = np.concatenate(run_pos)
         first = int(run_pos[0])
-        return cls(spec, anchor + first * spec.step, run_pos - first, np.concatenate(run_row),
+        grid = cls(spec, anchor + first * spec.step, run_pos - first, np.concatenate(run_row),
                    row, name)  # fmt: skip
+        if grid.num_rows > SPARSE_STEPS * max(row, 1):
+            _too_sparse(spec, name, grid, anchor)
+        return grid
 
 
 def step_summary(stretches: Iterable[np.ndarray]) -> StepSummary:
@@ -233,6 +240,19 @@ def _off_grid(spec: GridSpec, name: str, t: int, anchor: int) -> None:
         f"step the data is sampled at as freq= (tsfile_torch.list_devices shows each "
         f"device's typical step), snap=True to round each timestamp to the nearest step, or "
         f"origin= a time on the data's grid"
+    )
+
+
+def _too_sparse(spec: GridSpec, name: str, grid: Grid, anchor: int) -> None:
+    digits = len(str(abs(anchor)))
+    guess = next((u for d, u in _UNIT_BY_DIGITS.items() if digits <= d), "ns")
+    hint = ""
+    if guess != spec.time_unit:
+        hint = f"; its timestamps ({anchor}) look like {guess!r}: pass time_unit={guess!r}"
+    raise SchemaError(
+        f"{name}: freq={spec.label!r} in time unit {spec.time_unit!r} places its "
+        f"{grid.num_read:,} readings on {grid.num_rows:,} grid steps (over {SPARSE_STEPS} "
+        f"steps per reading){hint}, or pass the step the data is sampled at as freq="
     )
 
 
