@@ -25,6 +25,7 @@ _PUBLIC = {
     "TsFileDataset": "tsfile_torch.data.rows",
     "TsFileIterableDataset": "tsfile_torch.data.rows",
     "TsFileWindowDataset": "tsfile_torch.data.windows",
+    "TsFileSeriesDataset": "tsfile_torch.data.series",
     "WindowBatch": "tsfile_torch.data.windows",
     "MixedWindows": "tsfile_torch.data.mixture",
     "WindowInfo": "tsfile_torch.data.windows",
