@@ -312,7 +312,8 @@ def test_a_kept_error_of_a_pass_with_workers_stalls_no_later_collection(
     MP_STATUS_CHECK_INTERVAL per worker: 60 s here, so a wait cannot pass); a new loader then
     reads every row exactly."""
     monkeypatch.setattr(tud._utils, "MP_STATUS_CHECK_INTERVAL", 60.0)
-    ds = _RaisesInWorker(small_dir, batch_size=250, return_timestamps=True)
+    # each worker its own stretch: worker 1's first read is rows [2500, ...)
+    ds = _RaisesInWorker(small_dir, batch_size=250, return_timestamps=True, order="stretches")
     loader = make_loader(ds, num_workers=2, persistent_workers=persistent)
     it = iter(loader)
     workers = list(it._workers)

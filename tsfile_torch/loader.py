@@ -36,13 +36,16 @@ Epochs need nothing from the loader: each pass claims the dataset's next epoch (
 from __future__ import annotations
 
 import atexit
+import ctypes
 import functools
+import logging
 import multiprocessing
 import os
 import threading
 import warnings
 import weakref
 
+import numpy as np
 import torch
 import torch.utils.data as tud
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
@@ -52,7 +55,7 @@ from tsfile_torch.data.handover import WorkerRing
 from tsfile_torch.data.ring import RingBatch, RingCollate, RingControl, RingReceiver
 from tsfile_torch.data.view import EpochSampler, KeptBatch, LoaderSpec
 from tsfile_torch.errors import TsFileTorchError
-from tsfile_torch.integrity.checks import EpochSums
+from tsfile_torch.integrity.checks import EpochSums, column_sums
 from tsfile_torch.integrity.reports import explain_worker_failure
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.options import check_bool, check_int
@@ -114,15 +117,71 @@ def _pinnable() -> bool:
     return current is None or current.type != "mps"
 
 
+def _view_of(dataset):
+    """Return the tsfile-torch view under ``dataset``: itself, or what a chain of
+    ``torch.utils.data.Subset`` (``random_split``'s parts) is taken from."""
+    while isinstance(dataset, tud.Subset):
+        dataset = dataset.dataset
+    return dataset
+
+
 def _spec(dataset) -> LoaderSpec:
-    """Return what ``dataset``'s loader needs, or raise TypeError for a foreign dataset."""
-    spec = getattr(dataset, "loader_spec", None)
+    """Return what ``dataset``'s loader needs (a Subset's: its view's), or raise TypeError for a
+    dataset make_loader cannot serve, naming what to do instead."""
+    view = _view_of(dataset)
+    if isinstance(view, tud.ConcatDataset) and any(
+        callable(getattr(d, "loader_spec", None)) for d in view.datasets
+    ):
+        raise TypeError(
+            "make_loader does not take a ConcatDataset of tsfile-torch datasets (their files, "
+            "epochs and checks would not be one dataset's): give every source to one dataset "
+            "(TsFileDataset([dir1, dir2]), TsFileWindowDataset([...])), or mix window datasets "
+            "with tsfile_torch.MixedWindows([ds1, ds2], weights=..., num_samples=N)"
+        )
+    spec = getattr(view, "loader_spec", None)
     if not callable(spec):
         raise TypeError(
             f"dataset must be a tsfile-torch dataset (TsFileIterableDataset, TsFileDataset, "
-            f"TsFileWindowDataset, MixedWindows); got {type(dataset).__name__}"
+            f"TsFileWindowDataset, MixedWindows) or a torch.utils.data.Subset of one; got "
+            f"{type(dataset).__name__}: use torch.utils.data.DataLoader for other datasets"
         )
+    if view is not dataset:
+        if isinstance(view, tud.IterableDataset):  # torch's Subset cannot index one either
+            raise TypeError(
+                f"a Subset of a {type(view).__name__} (an IterableDataset) cannot be indexed: "
+                f"use TsFileDataset for subsets, or start_time= / end_time= for a time range"
+            )
+        _warn_random_split(dataset, view)
     return spec()
+
+
+#: window views already warned about a random split (Note: random splits of windows)
+_SPLIT_WARNED: weakref.WeakSet = weakref.WeakSet()
+
+
+def _warn_random_split(subset, view) -> None:
+    """Warn once per window view when ``subset`` takes its windows out of order.
+
+    Note: random splits of windows. Windows of one device overlap in time, and a window's
+    horizon is a later window's context: ``random_split`` puts windows of the same stretch in
+    both parts, so training sees the validation targets. A Subset whose indices are not in
+    increasing order (at any level) is taken to be such a split.
+    """
+    if not getattr(view.loader_spec(), "windows", False) or view in _SPLIT_WARNED:
+        return
+    while isinstance(subset, tud.Subset):
+        indices = np.asarray(subset.indices)
+        if len(indices) > 1 and (np.diff(indices) < 0).any():
+            _SPLIT_WARNED.add(view)
+            warnings.warn(
+                f"a random split of a {type(view).__name__} (torch.utils.data.random_split, a "
+                f"Subset in shuffled order) leaks future values into training: windows of one "
+                f"device overlap, so a validation window's targets lie in training windows; "
+                f"split at a time instead: train, val = ds.split_by_time(t)",
+                stacklevel=4,
+            )
+            return
+        subset = subset.dataset
 
 
 # Note: loader resume. Where a make_loader pass stands is counted in the main process: the
@@ -153,17 +212,73 @@ def _spec(dataset) -> LoaderSpec:
 _KEY = "tsfile_torch"
 #: held while a loader checks that its dataset is free and claims it
 _STARTING = threading.RLock()
+logger = logging.getLogger(__name__)
+
+# Note: sums before the user's collate_fn. The epoch sums check what the dataset produced, so a
+# user's ``collate_fn`` (an x / y split, a cast, a normalization, NaN masking, tensors with
+# grad) never reaches them: :class:`_SumsFirst` wraps it, in the process that collates (a
+# worker, or the main process), sums the dataset's batch before calling it, and sends the sums
+# with what it returned (:class:`_Summed`); the pass adds them and hands out the user's batch.
+# Workers sum only while a pass checks (a shared flag, set before the pass's first batch is
+# asked for). Without a user's collate_fn the pass sums the batches it hands out, as before.
+
+
+class _Summed:
+    """A collated batch and the column sums of the dataset's batch it was made from."""
+
+    __slots__ = ("batch", "rows", "sums")
+
+    def __init__(self, batch, rows: int, sums):
+        self.batch, self.rows, self.sums = batch, rows, sums
+
+    def pin_memory(self, device=None) -> _Summed:
+        self.batch = pin_memory(self.batch, device)
+        return self
+
+
+class _SumsFirst:
+    """A user's ``collate_fn``, run after summing the dataset's batch (Note: sums before the
+    user's collate_fn). ``active``: a shared flag, whether the pass in progress checks sums."""
+
+    def __init__(self, collate_fn, active):
+        self.collate_fn, self.active = collate_fn, active
+
+    def __call__(self, data):
+        if not self.active.value:
+            return self.collate_fn(data)
+        values = data[0] if isinstance(data, (tuple, list)) and data else data
+        sums = None
+        if isinstance(values, torch.Tensor) and values.ndim == 2:
+            values = values.detach()
+            if values.dtype in (torch.float16, torch.bfloat16):
+                values = values.float()
+            sums = column_sums(values.numpy())  # before the collate_fn may change them in place
+        return _Summed(self.collate_fn(data), len(values) if sums is not None else 0, sums)
+
+
+def _log_kept_pass(loader) -> None:
+    """Log, once per loader, that its passes are served by the main process (Note: kept
+    passes)."""
+    if getattr(loader, "_kept_logged", False):
+        return
+    loader._kept_logged = True
+    logger.info(
+        "every batch of this %s is kept in a store the main process maps: its passes are "
+        "served by the main process, and its %d workers stay idle (Note: kept passes)",
+        type(loader._view).__name__,
+        loader.num_workers,
+    )
 
 
 class _Pass:
     """One iteration of a loader: worker failures named, epoch sums checked, effects undone."""
 
-    def __init__(self, loader, inner, scope: LoaderScope, start: PassPoint):
+    def __init__(self, loader, inner, scope: LoaderScope, start: PassPoint, sums: EpochSums | None):
         self._loader = loader
         self._inner = inner
         self._scope = scope
         scope.watch(bool(getattr(inner, "_workers", None)))
-        self._sums = loader._epoch_sums()
+        self._sums = sums
         self._ring = getattr(loader, "_ring", None)
         #: where this pass stands, counted here in the main process (Note: loader resume)
         self.point = start
@@ -185,7 +300,7 @@ class _Pass:
             if self._sums is not None:
                 sums, self._sums = self._sums, None
                 if sums.check():
-                    self._loader._sums_checked = self._loader.dataset.options.cache != "none"
+                    self._loader._sums_checked = self._loader._view.options.cache != "none"
             raise
         except (RuntimeError, ConnectionError, EOFError) as err:
             self._end()
@@ -208,6 +323,9 @@ class _Pass:
             self._end()
             raise
         self.point = self.point._replace(position=self.point.position + 1)
+        summed = None
+        if isinstance(batch, _Summed):  # Note: sums before the user's collate_fn
+            summed, batch = batch, batch.batch
         if isinstance(batch, RingBatch):  # Note: ring
             batch = self._ring.unpack(batch)
             if self._loader.pin_memory:
@@ -216,7 +334,12 @@ class _Pass:
             batch = self._loader._spec.serve(batch)
             if self._loader.pin_memory:
                 batch = pin_memory(batch, getattr(self._loader, "pin_memory_device", "") or None)
-        if self._sums is not None:
+        if self._sums is not None and self._loader._sums_first is not None:
+            if summed is None or summed.sums is None:
+                self._sums = None  # the dataset made something else: nothing to check
+            else:
+                self._sums.add_sums(summed.rows, summed.sums)
+        elif self._sums is not None:
             values = batch[0] if isinstance(batch, (tuple, list)) and batch else batch
             if not isinstance(values, torch.Tensor) or values.ndim != 2:
                 self._sums = None  # a subclass yields something else: nothing to check
@@ -255,7 +378,7 @@ class _Guarded:
             return self._start()
 
     def _start(self):
-        ds = self.dataset
+        ds = self._view
         running = ds.__dict__.get("_running_loader")
         other = running() if running is not None else None
         live = other is not None and other._running is not None and other._running() is not None
@@ -271,6 +394,9 @@ class _Guarded:
                     f"its epoch: finish or delete the first iteration, or build a second dataset"
                 )
         start = self._start_point()
+        sums = self._epoch_sums()
+        if self._sums_first is not None:  # before workers collate this pass's first batches
+            self._sums_first.active.value = sums is not None
         # before the DataLoader touches process settings
         scope = LoaderScope(self._spec.slots, self.num_workers > 0)
         ring = getattr(self, "_ring", None)
@@ -281,30 +407,33 @@ class _Guarded:
         try:
             if not self._kept_pass(start):
                 inner = super().__iter__()
-            elif self._spec.iterable:
-                inner = _InMainIterable(self, start.epoch)
             else:
-                inner = _InMain(self)
+                _log_kept_pass(self)
+                if self._spec.iterable:
+                    inner = _InMainIterable(self, start.epoch)
+                else:
+                    inner = _InMain(self)
         except BaseException:
             scope.close()
             raise
         if self.num_workers:
             _end_workers_at_exit()
             _LOADERS.add(self)
-        out = _Pass(self, inner, scope, start)
+        out = _Pass(self, inner, scope, start, sums)
         self._running = weakref.ref(out)
         ds.__dict__["_running_loader"] = weakref.ref(self)
         return out
 
     _loaded: PassPoint | None = None  # a state of the same topology, loaded (stateful loader)
     _main_ok = False  # make_loader's sampler and collate function, not stateful (Note: kept passes)
+    _sums_first: _SumsFirst | None = None  # a user's collate_fn (Note: sums before collate_fn)
 
     def _kept_pass(self, start: PassPoint) -> bool:
         """Whether this pass is served by the main process (Note: kept passes)."""
         cores = self._spec.cores  # disk or shared memory: the main process maps what workers wrote
         if self._spec.iterable and (start.position or start.history or self._resuming()):
             return False  # a resumed pass: its workers know where they stand
-        if not self._spec.windows and self.dataset.spec.order == "shuffle":
+        if not self._spec.windows and self._view.spec.order == "shuffle":
             return False  # row gathers: copies wherever made, the workers make them in parallel
         return (
             self._main_ok
@@ -314,7 +443,7 @@ class _Guarded:
 
     def _resuming(self) -> bool:
         """Whether the iterable view's next pass resumes a loaded state."""
-        return getattr(self.dataset.passes, "resuming", False)
+        return getattr(self._view.passes, "resuming", False)
 
     def _start_point(self) -> PassPoint:
         """Return where the pass about to start stands; its epoch is decided here, in the main
@@ -324,17 +453,19 @@ class _Guarded:
             return loaded
         target = _resume_target(self)
         if target is None:  # a sampler of the user's: nothing to resume through
-            return self._point(self.dataset.epochs.peek())
+            return self._point(self._view.epochs.peek())
         return self._point(*target.begin_main_pass())
 
     def _point(self, epoch: int, history: tuple = ()) -> PassPoint:
         """Return the start of a pass of this loader over ``epoch`` (Note: loader resume)."""
-        ds = self.dataset
+        ds = self._view
         return PassPoint(epoch, 0, -1, max(self.num_workers, 1), ds.rank, ds.world_size, history)
 
     def _epoch_sums(self) -> EpochSums | None:
-        ds, spec = self.dataset, self._spec
+        ds, spec = self._view, self._spec
         if self._sums_checked or spec.epoch_sums is None or not spec.epoch_sums():
+            return None
+        if self.dataset is not ds:  # a Subset: not every row once
             return None
         if ds.options.cache == "none" and sums_verified(ds.core):
             # every row of a pass is decoded again by the loader's processes (here or in its
@@ -527,32 +658,13 @@ def make_loader(
         ImportError: ``stateful=True`` without torchdata installed.
     """
     spec = _spec(dataset)
+    view = _view_of(dataset)
     num_workers = check_int("num_workers", num_workers, 0, 1024)
     check_bool("stateful", stateful)
-    if "shuffle" in kwargs:
-        raise ValueError(
-            "shuffle belongs to the dataset: TsFile...Dataset(..., shuffle=True) or "
-            "order='shuffle' / 'batches', so every loader and rank agrees on the order"
-        )
-    if spec.windows:
-        if batch_size is None:
-            raise ValueError(
-                f"batch_size is required for a {type(dataset).__name__}: windows per batch, "
-                f"e.g. make_loader(ds, batch_size=256)"
-            )
-        kwargs["batch_sampler"] = EpochSampler(dataset, batch_size, num_workers)
-        kwargs.setdefault("collate_fn", spec.collate_fn)
-        hand_over = kwargs["collate_fn"] is spec.collate_fn
-        batch_size = 1  # DataLoader's default; the batch sampler decides
-    else:
-        if batch_size is not None:
-            raise ValueError(
-                "the dataset yields whole batches; set batch_size on the dataset, not on the loader"
-            )
-        hand_over = kwargs.get("collate_fn") is None
-        if not spec.iterable and kwargs.get("sampler") is None:
-            if kwargs.get("batch_sampler") is None:
-                kwargs["sampler"] = EpochSampler(dataset, None, num_workers)
+    user_collate = kwargs.get("collate_fn")
+    user_init = kwargs.get("worker_init_fn")
+    batch_size = _batching(dataset, view, spec, batch_size, num_workers, kwargs)
+    hand_over = kwargs.get("collate_fn") is (spec.collate_fn if spec.windows else None)
     if spec.num_batches is not None and num_workers > spec.num_batches:
         warnings.warn(
             f"num_workers={num_workers} exceeds the {spec.num_batches} batches per epoch; "
@@ -592,6 +704,12 @@ def make_loader(
             hand_over,
             ring,
         )
+    sums_first = None
+    if user_collate is not None and spec.epoch_sums is not None:
+        # Note: sums before the user's collate_fn; the flag is shared with fork workers and
+        # pickled into others as they start
+        sums_first = _SumsFirst(kwargs["collate_fn"], multiprocessing.RawValue(ctypes.c_bool))
+        kwargs["collate_fn"] = sums_first
     loader_class = _stateful_loader_class() if stateful else TsFileDataLoader
     with warnings.catch_warnings():  # torchdata 0.11 calls a torch API deprecated in 2.13
         warnings.filterwarnings("ignore", message="'set_vital' is deprecated")
@@ -602,12 +720,103 @@ def make_loader(
             pin_memory=pin_memory,
             **kwargs,
         )
-    loader._spec = spec
+    loader._spec, loader._view, loader._sums_first = spec, view, sums_first
     loader._ring = RingReceiver(ring) if num_workers > 0 else None
     samplers = (kwargs.get("sampler"), kwargs.get("batch_sampler"))
     ours = any(isinstance(s, EpochSampler) for s in samplers)
-    loader._main_ok = hand_over and not stateful and (ours or spec.main_pass is not None)
+    if dataset is view and spec.iterable:
+        ours = spec.main_pass is not None
+    # a worker_init_fn of the user's is run by workers: they are started (Note: kept passes)
+    loader._main_ok = hand_over and not stateful and ours and user_init is None
     return loader
+
+
+def _batching(dataset, view, spec: LoaderSpec, batch_size, num_workers: int, kwargs) -> int | None:
+    """Put in ``kwargs`` the DataLoader arguments that order and batch ``dataset``; return the
+    ``batch_size`` to give DataLoader.
+
+    A user's ``sampler`` / ``batch_sampler`` / ``drop_last`` are honoured on map-style views
+    as DataLoader honours them, the view's own order (an :class:`EpochSampler`) is the default;
+    what cannot be honoured is a ValueError naming the argument and what works (the table in
+    ``docs/dataloader.md``).
+    """
+    name = type(view).__name__
+    shuffle = kwargs.pop("shuffle", None)
+    if shuffle is not None and check_bool("shuffle", shuffle):
+        hint = "" if spec.iterable else " (or pass sampler=torch.utils.data.RandomSampler(ds))"
+        raise ValueError(
+            f"shuffle=True belongs to the dataset: {name}(..., shuffle=True) or order='shuffle' "
+            f"/ 'batches', so every loader and rank agrees on the order{hint}"
+        )
+    drop_last = check_bool("drop_last", kwargs.pop("drop_last", False))
+    sampler, batch_sampler = kwargs.get("sampler"), kwargs.get("batch_sampler")
+    if spec.iterable:
+        for arg, value in (("sampler", sampler), ("batch_sampler", batch_sampler)):
+            if value is not None:
+                raise ValueError(
+                    f"{arg}= cannot order a {name}: an IterableDataset orders itself "
+                    f"(DataLoader refuses a {arg} for one too); build a TsFileDataset with the "
+                    f"same arguments (it takes sampler=), or set the dataset's order= / seed="
+                )
+    own_order = dataset is view and sampler is None and batch_sampler is None
+    generator = kwargs.get("generator")
+    if generator is not None and own_order and view.spec.order != "sequential":
+        alternative = (
+            ""
+            if spec.iterable
+            else (", or pass sampler=torch.utils.data.RandomSampler(ds, generator=g)")
+        )
+        raise ValueError(
+            f"generator= does not seed make_loader's order: the {name}'s order "
+            f"{view.spec.order!r} is seeded by its seed= ({name}(..., seed=N)), so every rank, "
+            f"worker and resume agrees on it; leave generator out{alternative}"
+        )
+    if not spec.windows:  # the view's items are whole batches
+        if batch_size is not None:
+            raise ValueError(
+                f"a {name} yields whole batches; set batch_size on the dataset "
+                f"({name}(..., batch_size=N)), not on the loader"
+            )
+        if drop_last:
+            raise ValueError(
+                f"drop_last=True at the loader: a {name} makes its own batches; build it with "
+                f"drop_last=True to leave out its short last batch"
+            )
+        if batch_sampler is not None:
+            raise ValueError(
+                f"batch_sampler= groups items into batches, and a {name}'s items are already "
+                f"batches of batch_size rows: pass sampler= (an order of batch numbers, e.g. "
+                f"torch.utils.data.RandomSampler(ds)), or use TsFileWindowDataset for batches "
+                f"of single windows"
+            )
+        if own_order and not spec.iterable:
+            kwargs["sampler"] = EpochSampler(view, None, num_workers)
+        return None
+    kwargs.setdefault("collate_fn", spec.collate_fn)
+    if batch_sampler is not None:
+        given = [
+            arg
+            for arg, value in (("batch_size", batch_size), ("sampler", sampler))
+            if value is not None
+        ] + (["drop_last"] if drop_last else [])
+        if given:
+            raise ValueError(
+                f"batch_sampler= decides the batches: leave out {' and '.join(given)} "
+                f"(DataLoader refuses them together too)"
+            )
+        return 1  # DataLoader's default; the batch sampler decides
+    if batch_size is None:
+        raise ValueError(
+            f"batch_size is required for a {name}: windows per batch, e.g. "
+            f"make_loader(ds, batch_size=256) (or pass batch_sampler=)"
+        )
+    if own_order:
+        # the loader's drop_last where the view's own is off (it drops its short batch itself)
+        drop = drop_last and not view.spec.drop_last
+        kwargs["batch_sampler"] = EpochSampler(view, batch_size, num_workers, drop)
+        return 1  # DataLoader's default; the batch sampler decides
+    kwargs["drop_last"] = drop_last
+    return batch_size
 
 
 def _init_worker(
@@ -620,7 +829,7 @@ def _init_worker(
 ) -> None:
     start_worker(parent_pid, from_main_thread)
     WorkerRing.install(ring, worker_id)
-    for core in tud.get_worker_info().dataset.loader_spec().cores:  # this worker's copies
+    for core in _view_of(tud.get_worker_info().dataset).loader_spec().cores:  # this worker's copies
         core.hand_over = hand_over  # Note: hand-over
     if user_init is not None:
         user_init(worker_id)
@@ -650,7 +859,7 @@ def _resume_target(loader):
     """Return what passes of ``loader`` resume through: the iterable dataset, or the loader's
     EpochSampler (None: a sampler of the user's)."""
     if loader._spec.iterable:
-        return loader.dataset
+        return loader._view
     sampler = loader.batch_sampler if loader._spec.windows else loader.sampler
     return sampler if isinstance(sampler, EpochSampler) else None
 
@@ -658,11 +867,11 @@ def _resume_target(loader):
 def _identity(loader) -> tuple[dict, str]:
     """Return what the loader's order depends on, and who owns it (for messages)."""
     if loader._spec.iterable:
-        return loader.dataset._identity(), type(loader.dataset).__name__
+        return loader._view._identity(), type(loader._view).__name__
     sampler = loader.batch_sampler if loader._spec.windows else loader.sampler
     if isinstance(sampler, EpochSampler):
         return sampler.identity(), "EpochSampler"
-    return {}, type(loader.dataset).__name__
+    return {}, type(loader._view).__name__
 
 
 def _read_record(loader, saved: dict) -> PassPoint:
@@ -709,7 +918,7 @@ def _stateful_loader_class():
             running = self._running() if self._running is not None else None
             point = running.point if running is not None else self._loaded
             if point is None:  # no pass yet: the next one starts its epoch afresh
-                point = self._point(self.dataset.epochs.peek())
+                point = self._point(self._view.epochs.peek())
             out[_KEY] = pass_state(point, _identity(self)[0])
             return out
 

@@ -5,8 +5,10 @@
 every selected column (positional rows, or aligned on time with ``align=``).
 Their items depend on the order:
 
-- ``"sequential"`` / ``"batches"``: an item is a batch of consecutive rows (batch ``i`` is rows
-  ``[i * batch_size, (i + 1) * batch_size)``), in row order or in a (seed, epoch) permutation;
+- ``"sequential"`` / ``"stretches"`` / ``"batches"``: an item is a batch of consecutive rows
+  (batch ``i`` is rows ``[i * batch_size, (i + 1) * batch_size)``), in row order (with
+  DataLoader workers: still in row order, or each worker's stretch of rows, interleaved) or in
+  a (seed, epoch) permutation;
 - ``"shuffle"``: an item is a row, shuffled within a buffer of ``shuffle_blocks`` blocks of
   ``block_rows`` rows (see :mod:`tsfile_torch.sampling.orders`): each batch holds rows from many
   places, new every epoch, rows inside a batch in time order;
@@ -226,7 +228,7 @@ class _Rows(View):
         """Return the reader for a pass of ``order`` in ``epoch``: a sequential streaming pass
         decodes ahead for the next one (Note: read-ahead)."""
         reader = self.core.start_epoch(epoch)
-        reader.ahead.next_pass = order == "sequential" and self.options.cache == "none"
+        reader.ahead.next_pass = order in orders.IN_ORDER and self.options.cache == "none"
         return reader
 
     def _out(self, n: int):
@@ -298,9 +300,11 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
             object, or a list of them.
         columns: ``None`` for every numeric field, or exact names / glob patterns.
         batch_size: rows per batch.
-        order: ``"sequential"`` (default), ``"batches"`` (contiguous batches in a (seed, epoch)
-            permutation), ``"shuffle"`` (rows shuffled within a buffer of ``shuffle_blocks``
-            blocks) or ``"random"`` (with ``random_batches``).
+        order: ``"sequential"`` (default: batches in row order, whatever the number of
+            workers), ``"stretches"`` (each worker reads a stretch of rows of its own: less
+            decoding with workers, delivered interleaved), ``"batches"`` (contiguous batches
+            in a (seed, epoch) permutation), ``"shuffle"`` (rows shuffled within a buffer of
+            ``shuffle_blocks`` blocks) or ``"random"`` (with ``random_batches``).
         shuffle: ``True`` means ``order="shuffle"``.
         seed: seed of every random choice (any integer, modulo 2**64).
         drop_last: leave out the last short batch; DDP ranks are trimmed instead of padded.
@@ -338,7 +342,7 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
         if (
             num_workers > 1
             and len(cursor)
-            and (order in ("sequential", "batches") or (order == "random" and streaming))
+            and (order in (*orders.IN_ORDER, "batches") or (order == "random" and streaming))
         ):
             # decode only this worker's rows: blocks are clipped to its stretch (random
             # batches: its share of them sorted by row, new each epoch; streaming keeps no

@@ -46,7 +46,7 @@ import torch
 import torch.utils.data as tud
 
 from tsfile_torch.errors import warn_caller
-from tsfile_torch.options import ReadOptions, check_int
+from tsfile_torch.options import ReadOptions, check_bool, check_int
 from tsfile_torch.read.reader import cache_cap
 from tsfile_torch.sampling import orders, state
 
@@ -353,9 +353,18 @@ class EpochSampler(tud.Sampler):
         batch_size: items per batch for datasets of single items (windows); ``None`` for
             datasets whose items are batches.
         num_workers: the loader's ``num_workers`` (the delivered order deals batches to them).
+        drop_last: leave out a batch shorter than ``batch_size`` (the last of this rank's
+            epoch), as a DataLoader's ``drop_last=True`` does: make_loader's ``drop_last``
+            for datasets of single items whose own ``drop_last`` is False.
     """
 
-    def __init__(self, dataset, batch_size: int | None = None, num_workers: int = 0):
+    def __init__(
+        self,
+        dataset,
+        batch_size: int | None = None,
+        num_workers: int = 0,
+        drop_last: bool = False,
+    ):
         if not isinstance(dataset, View):
             raise TypeError(
                 f"EpochSampler needs a tsfile-torch dataset; got {type(dataset).__name__}"
@@ -363,6 +372,12 @@ class EpochSampler(tud.Sampler):
         self.dataset = dataset
         self.batch_size = check_int("batch_size", batch_size, 1, 2**40, allow_none=True)
         self.num_workers = check_int("num_workers", num_workers, 0, 1024)
+        self.drop_last = check_bool("drop_last", drop_last)
+        if drop_last and self.batch_size is None:
+            raise ValueError(
+                "drop_last=True goes with batch_size (items per batch); a dataset whose items "
+                "are batches drops its own short batch: build it with drop_last=True"
+            )
         self._held: _SamplerPass | None = None  # a loaded pass not begun yet
         self._ref = None  # the latest pass, by a weak reference (its iterator's owner has it)
         self._after: int | None = None  # the epoch after the latest finished pass
@@ -385,12 +400,23 @@ class EpochSampler(tud.Sampler):
 
     def batches(self, epoch: int, history: tuple = ()) -> list[np.ndarray]:
         """Return this rank's batches of ``epoch`` (item arrays) in delivered order."""
-        batches = self.dataset.epoch_batches(epoch, self.batch_size, history)
+        batches = self._planned(epoch, history)
         order = orders.delivered_order(batches, self.num_workers, self.dataset.spec.order)
         return [batches[i] for i in order]
 
+    def _planned(self, epoch: int, history: tuple = ()) -> list[np.ndarray]:
+        """Return this rank's batches of ``epoch`` before the worker split (``drop_last``: a
+        short one left out; only the last can be short)."""
+        batches = self.dataset.epoch_batches(epoch, self.batch_size, history)
+        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
+            batches = batches[:-1]
+        return batches
+
     def identity(self) -> dict[str, Any]:
-        return self.dataset._identity(self.batch_size)
+        out = self.dataset._identity(self.batch_size)
+        if self.drop_last:  # absent otherwise: earlier states stay valid
+            out = {**out, state.LAYOUT: [*out[state.LAYOUT], "loader drop_last"]}
+        return out
 
     def point(self, epoch, position: int = 0, history: tuple = ()) -> state.PassPoint:
         """Return a pass point of this sampler's topology."""
@@ -403,7 +429,7 @@ class EpochSampler(tud.Sampler):
         """Batches per epoch on this rank (of the pass in progress, else of the next)."""
         if self._latest is not None and self._latest.cursor is not None:
             return len(self._latest.cursor)
-        return len(self.dataset.epoch_batches(self.dataset.epoch or 0, self.batch_size))
+        return len(self._planned(self.dataset.epoch or 0))
 
     def __iter__(self) -> Iterator:
         loaded = self._latest
@@ -434,7 +460,18 @@ class EpochSampler(tud.Sampler):
             self.dataset.epochs.set(pending.epoch)
 
     def resume_elsewhere(self, epoch: int, history: tuple) -> None:
-        """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology)."""
+        """Make the next pass deliver the rest of ``epoch`` after ``history`` (any topology).
+
+        Raises:
+            ValueError: with ``drop_last`` (what was delivered cannot be told from the
+                dataset's order alone).
+        """
+        if self.drop_last:
+            raise ValueError(
+                "a state saved under another number of workers or ranks cannot resume a "
+                "loader with drop_last=True over a dataset whose own drop_last is False: build "
+                "the dataset with drop_last=True (and leave it out of make_loader)"
+            )
         loaded = _SamplerPass(self)
         loaded._pending = self.point(epoch, 0, tuple(history))
         self._latest = loaded

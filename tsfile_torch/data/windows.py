@@ -91,8 +91,9 @@ class TsFileWindowDataset(View, tud.Dataset):
         targets: field names of ``y``; ``None``: ``columns``.
         devices: device names or glob patterns (``"meters.*"``, ``"root.sg.d1"``); ``None``: all
             devices that have every field asked for (with ``columns=None``: all devices).
-        order: ``"sequential"`` (default), ``"shuffle"`` (windows shuffled within a buffer of
-            ``shuffle_blocks`` blocks), ``"batches"`` (a full permutation of the windows) or
+        order: ``"sequential"`` (default; in order whatever ``num_workers``), ``"stretches"``
+            (a stretch per worker, delivered interleaved), ``"shuffle"`` (shuffled within a
+            buffer of ``shuffle_blocks`` blocks), ``"batches"`` (a full permutation) or
             ``"random"`` (``num_samples`` windows drawn with replacement).
         shuffle: ``True`` means ``order="shuffle"``.
         seed, drop_last, shuffle_blocks, rank, world_size: as for the row datasets.
@@ -307,7 +308,7 @@ class TsFileWindowDataset(View, tud.Dataset):
 
     def _layout(self) -> tuple[np.ndarray, int]:
         """Block starts: windows whose first row lies in one ``block_rows`` run of a device."""
-        if self.order_spec.order in ("sequential", "shuffle"):
+        if self.order_spec.order in ("sequential", "stretches", "shuffle"):
             return self.index.blocks(self.block_rows), 1
         if self.order_spec.block_weights is not None:  # device_weights="uniform": per device
             return np.unique(self.index.first), 1
@@ -437,10 +438,11 @@ def _annotate(ds):
 
 def gather_block(ds) -> tuple[int, int] | None:
     """The largest block a batch of ``ds`` gathers from, for fork workers to share
-    (:attr:`LoaderSpec.gather_block`): in every order but ``"sequential"`` a batch gathers
-    windows from blocks all over its buffer or the data, so without sharing each worker
-    decodes all of them; a sequential worker reads a stretch of its own (None)."""
-    return None if ds.order_spec.order == "sequential" else window_block(ds)
+    (:attr:`LoaderSpec.gather_block`): in every order but ``"stretches"`` a batch gathers
+    windows from blocks all over its buffer or the data, or (``"sequential"``) the workers
+    take turns through the same blocks, so without sharing each worker decodes all of them;
+    a ``"stretches"`` worker reads a stretch of its own (None)."""
+    return None if ds.order_spec.order == "stretches" else window_block(ds)
 
 
 def window_block(ds) -> tuple[int, int]:

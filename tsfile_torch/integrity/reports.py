@@ -1,12 +1,16 @@
 """Worker reports: a DataLoader worker that dies or stalls is named, with what it was reading.
 
 Note: worker reports. Each dataset owns a small shared-memory table, one slot per DataLoader
-worker. Before every native read a worker writes ``pid`` and what it reads ("file X: device D,
-rows [a, b)") into its slot, and clears it after. When the DataLoader reports a dead worker
-("exited unexpectedly", "killed by signal") or times out, the loader made by
-:func:`tsfile_torch.make_loader` reads the slots and raises :class:`WorkerError` naming the file
-and rows that were being read, with the worker's fatal-signal report when it left one (see
-:mod:`tsfile_torch.process`).
+worker. Before every native read the thread doing it (the worker's own, a decode or read-ahead
+thread) records what it reads ("file X: device D, rows [a, b)"), and clears its record when the
+read returns; the worker's slot holds ``pid`` and a read still in progress, empty when none is.
+When the DataLoader reports a dead worker ("exited unexpectedly", "killed by signal") or times
+out, the loader made by :func:`tsfile_torch.make_loader` reads the slots and raises
+:class:`WorkerError`. A death is blamed on a file only when that worker was inside a native read
+of it and died of a signal a crash raises (SIGSEGV, SIGBUS, ...), with the worker's fatal-signal
+report when it left one (see :mod:`tsfile_torch.process`); a worker that died outside a read,
+or was killed from outside (SIGKILL: usually the out-of-memory killer; SIGTERM...), is reported
+with its signal and "the file is not suspected".
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import re
 import signal
 import tempfile
+import threading
 from multiprocessing import sharedctypes
 
 from tsfile_torch.errors import WorkerError, shared_memory
@@ -41,12 +46,34 @@ class ReadSlots:
         self.buffer = shared_memory(
             sharedctypes.RawArray, ctypes.c_char, _SLOT_BYTES * _NUM_SLOTS, what="worker reports"
         )
+        self._local()
+
+    def _local(self) -> None:
+        """This process's reads in progress, by thread (none after a fork or unpickling)."""
+        self._pid, self._lock, self._reading = os.getpid(), threading.Lock(), {}
+
+    def __getstate__(self):
+        return {"buffer": self.buffer}
+
+    def __setstate__(self, state):
+        self.buffer = state["buffer"]
+        self._local()
 
     def write(self, worker: int, text: str | None) -> None:
-        slot = worker % _NUM_SLOTS
-        data = b"" if text is None else f"{os.getpid()}|{text}".encode()[: _SLOT_BYTES - 1]
-        base = slot * _SLOT_BYTES
-        self.buffer[base : base + len(data) + 1] = data + b"\0"
+        """Record (``text``) or clear (None) the calling thread's read in progress in the slot
+        of ``worker``; the slot shows a read while any thread of this process is in one."""
+        if self._pid != os.getpid():  # forked: the parent's threads are not here
+            self._local()
+        with self._lock:
+            if text is None:
+                self._reading.pop(threading.get_ident(), None)
+            else:
+                self._reading[threading.get_ident()] = text
+            shown = next(reversed(self._reading.values()), None)
+            slot = worker % _NUM_SLOTS
+            data = b"" if shown is None else f"{os.getpid()}|{shown}".encode()[: _SLOT_BYTES - 1]
+            base = slot * _SLOT_BYTES
+            self.buffer[base : base + len(data) + 1] = data + b"\0"
 
     def read_all(self) -> dict[int, str]:
         """Return pid -> read in progress, for every worker that is reading."""
@@ -123,8 +150,14 @@ def explain_worker_failure(
     reads = slots.read_all() if slots is not None else {}
     found = re.search(r"\(pids?(?:\(s\))? ([\d, ]+)\)", message)
     pids = {int(p) for p in re.findall(r"\d+", found.group(1))} if found else set()
-    named = {p: w for p, w in reads.items() if not pids or p in pids} or reads
+    # a death names its workers: only their reads count (another worker's read in progress
+    # says nothing about this one's death); a timeout names none
+    named = {p: w for p, w in reads.items() if not pids or p in pids}
     timed_out = "timed out" in message
+    if not timed_out:
+        killed = _killed_from_outside(message, workers)
+        if killed is not None:
+            return WorkerError(f"{message.strip()}: {_outside_kill(killed, named)}")
     stopped = _stopped_workers(workers) if timed_out else []
     if stopped:
         pids = set(stopped)
@@ -149,8 +182,9 @@ def explain_worker_failure(
         hint = (
             "the stall is not in tsfile's reader (raise timeout= if the machine is overloaded)"
             if timed_out
-            else "the failure is not in tsfile's reader: look for an out-of-memory kill or a "
-            "signal sent to the worker"
+            else "the failure is not in tsfile's reader, and the file is not suspected: look "
+            "in your code that runs in workers (collate_fn, worker_init_fn, the training "
+            "loop's transforms) or for a signal sent to the worker"
         )
         if start_method in ("spawn", "forkserver"):
             hint += (
@@ -160,6 +194,44 @@ def explain_worker_failure(
             )
     report = crash_reports(pids or set(named)) if not timed_out else ""
     return WorkerError(f"{message.strip()}: {what}; {hint}{report}")
+
+
+#: signals a crash in the process itself raises: a native reader on damaged bytes among them
+_CRASHES = {"SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE", "SIGSYS", "SIGTRAP"}
+
+
+def _killed_from_outside(message: str, workers) -> str | None:
+    """Return the name of the signal (``SIGKILL``...) that ended the dead worker(s) when it is
+    not one a crash raises: sent by another process (the kernel's out-of-memory killer, a
+    job scheduler, a user); None for a crash, an exit status, or not known."""
+    names = set()
+    for how in _dead_workers(workers).values():
+        if how.startswith("killed by signal "):
+            names.add(how.rsplit(" ", 1)[1])
+    said = re.search(r"killed by signal: ([^.]+)", message)  # torch: strsignal's text
+    if said:
+        text = said.group(1).strip()
+        for sig in signal.Signals:
+            if signal.strsignal(sig) == text:
+                names.add(sig.name)
+    if not names or names & _CRASHES:
+        return None
+    return sorted(names)[0]
+
+
+def _outside_kill(name: str, reads: dict[int, str]) -> str:
+    """Explain a worker killed by signal ``name`` sent from outside (Note: worker reports)."""
+    what = "; ".join(f"worker pid {p} was reading {w}" for p, w in sorted(reads.items()))
+    where = f"{what} when it was killed" if what else "it was not inside a native read"
+    if name == "SIGKILL":
+        cause = (
+            "SIGKILL comes from outside the process, most often the kernel's out-of-memory "
+            "killer: memory ran short (see `dmesg`; use fewer workers, a smaller batch_size or "
+            "prefetch_factor, or more memory)"
+        )
+    else:
+        cause = f"{name} was sent to the worker by another process (a user, a job scheduler)"
+    return f"killed by {name}; {where}; {cause}; the file is not suspected"
 
 
 #: reports already read (and their files removed), by worker pid: a death is often explained

@@ -6,7 +6,9 @@ rank are a function of (order, seed, epoch, rank, world size, number of workers)
 layout alone, computed in four steps written once here and used by every dataset:
 
 1. **Order** (:func:`epoch_items`), picked by name from :data:`ORDERS`:
-   ``"sequential"`` (items in order), ``"batches"`` (a (seed, epoch) permutation of the items;
+   ``"sequential"`` (items in order, delivered in order whatever the number of workers),
+   ``"stretches"`` (items in order, each worker reading a stretch of its own: step 4),
+   ``"batches" (a (seed, epoch) permutation of the items;
    the row datasets use it with whole batches as items: contiguous batches in random order),
    ``"shuffle"`` (a buffer shuffle, like MosaicML Streaming's and LitData's shuffle within
    shards: the blocks are permuted, taken ``shuffle_blocks`` at a time, and the items of each
@@ -22,15 +24,20 @@ layout alone, computed in four steps written once here and used by every dataset
    few blocks there are.
 3. **Batches** (:func:`cut_batches`): the rank's items cut in order into batches of
    ``batch_size`` items (the last one shorter unless ``drop_last``).
-4. **Workers** (:func:`worker_batches`): the rank's batches cut into ``num_workers`` contiguous
-   runs of (nearly) equal count; worker ``w`` yields run ``w`` in the epoch's order. Runs of the
-   order itself where consecutive batches share blocks (``"sequential"``, ``"shuffle"``: a
-   buffer's batches go to one worker), runs of the batches sorted by their first item where they
-   do not (``"batches"``, ``"random"``). A worker thus reads its own stretch of the data (with
-   ``"sequential"`` the same rows every epoch), and workers rarely decode the same block. The
-   DataLoader hands out the workers' batches round-robin (:func:`interleave`), which is the
-   order a map-style dataset's sampler yields too, so both kinds of dataset deliver the same
-   batches in the same order.
+4. **Workers** (:func:`worker_batches`): ``"sequential"`` deals the rank's batches to the
+   workers in turn (worker ``w`` yields batches ``w``, ``w + num_workers``, ...), so the
+   DataLoader's round-robin delivery hands them out in row order, as a plain DataLoader over a
+   ``SequentialSampler`` does; each worker then decodes blocks that hold the others' batches
+   too. Every other order cuts the rank's batches into ``num_workers`` contiguous runs of
+   (nearly) equal count; worker ``w`` yields run ``w`` in the epoch's order. Runs of the order
+   itself where consecutive batches share blocks (``"stretches"``, ``"shuffle"``: a buffer's
+   batches go to one worker), runs of the batches sorted by their first item where they do not
+   (``"batches"``, ``"random"``). A worker thus reads its own stretch of the data (with
+   ``"stretches"`` the same rows every epoch), and workers rarely decode the same block; the
+   delivered order interleaves the stretches (batch 0, the first batch of the second stretch,
+   batch 1, ...). The DataLoader hands out the workers' batches round-robin
+   (:func:`interleave`), which is the order a map-style dataset's sampler yields too, so both
+   kinds of dataset deliver the same batches in the same order.
 """
 
 from __future__ import annotations
@@ -46,6 +53,7 @@ from tsfile_torch.options import check_bool, check_choice, check_int, check_seed
 
 __all__ = [
     "MAX_SAMPLES",
+    "IN_ORDER",
     "ORDERS",
     "OrderSpec",
     "cut_batches",
@@ -58,7 +66,9 @@ __all__ = [
 ]
 
 #: Orders by name (see the module notes).
-ORDERS = ("sequential", "batches", "shuffle", "random")
+ORDERS = ("sequential", "stretches", "batches", "shuffle", "random")
+#: Orders whose items are in order (before the worker split).
+IN_ORDER = ("sequential", "stretches")
 #: Most items one epoch may draw with ``"random"`` (their indices alone take 2 GiB).
 MAX_SAMPLES = 1 << 28
 #: Padding above this fraction of an epoch's items is warned about.
@@ -136,7 +146,7 @@ def resolve_order(order: str | None, shuffle: bool | None, default: str = "seque
     if order is None:
         return "shuffle" if shuffle else default
     check_choice("order", order, ORDERS)
-    if shuffle is not None and shuffle != (order != "sequential"):
+    if shuffle is not None and shuffle != (order not in IN_ORDER):
         raise ValueError(
             f"shuffle={shuffle} contradicts order={order!r}; pass one of them "
             f"(shuffle=True means order='shuffle')"
@@ -158,7 +168,7 @@ def epoch_items(spec: OrderSpec, block_starts: np.ndarray, epoch: int) -> np.nda
         epoch: the epoch.
     """
     count = int(block_starts[-1])
-    if spec.order == "sequential":
+    if spec.order in IN_ORDER:
         return np.arange(count, dtype=np.int64)
     if spec.order == "batches":
         return _rng(spec.seed, epoch, 0).permutation(count).astype(np.int64)
@@ -237,7 +247,7 @@ def cut_batches(items: np.ndarray, batch_size: int, drop_last: bool) -> list[np.
 
 
 #: Orders whose consecutive batches share blocks: workers take runs of the order itself.
-LOCAL_ORDERS = ("sequential", "shuffle")
+LOCAL_ORDERS = ("stretches", "shuffle")
 
 
 def worker_batches(
@@ -246,6 +256,8 @@ def worker_batches(
     """Return the indices into ``batches`` that worker ``worker`` of ``num_workers`` yields."""
     if num_workers <= 1:
         return list(range(len(batches)))
+    if order == "sequential":  # dealt in turn: delivered in order
+        return list(range(worker, len(batches), num_workers))
     bounds = np.linspace(0, len(batches), num_workers + 1).round().astype(np.int64)
     if order in LOCAL_ORDERS:
         return list(range(bounds[worker], bounds[worker + 1]))
