@@ -1,7 +1,8 @@
 """Compare two commits' benchmark figures side by side, runs alternating on the same files.
 
 Each commit is checked out into a temporary worktree; ``tsfile-torch bench`` (the reference
-workload) and ``tsfile-torch bench --windows --quick`` (the window panel) run alternately with
+workload) and ``benchmarks/windows.py --quick`` (the window panel; ``tsfile-torch bench --windows
+--quick`` in a commit from before the benchmarks left the package) run alternately with
 ``PYTHONPATH`` pointing at one commit then the other, ``--pairs`` times, on one generated copy
 of the data. Reported: per configuration, the median over runs of later-epoch seconds (rows) or
 seconds (windows) of each commit and new / old; ratios under 1 mean the new commit is faster.
@@ -33,7 +34,11 @@ def _worktree(ref: str, root: str) -> str:
 
 def _run(tree: str, args: list[str], data: str, cache: str, json_path: str) -> None:
     env = {**os.environ, "PYTHONPATH": tree, "XDG_CACHE_HOME": cache}
-    cmd = [sys.executable, "-m", "tsfile_torch", "bench", *args, "--rounds", "1"]
+    script = os.path.join(tree, "benchmarks", "windows.py")
+    if args[0] == "--windows" and os.path.exists(script):
+        cmd = [sys.executable, script, *args[1:]]
+    else:
+        cmd = [sys.executable, "-m", "tsfile_torch", "bench", *args, "--rounds", "1"]
     cmd += ["--cache-dir", data, "--json", json_path, "--no-progress"]
     subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL, cwd=tree)
 

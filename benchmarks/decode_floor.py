@@ -1,6 +1,6 @@
 """Streaming epochs against tsfile's own decode floor on the reference workload, side by side.
 
-The cells of ``tsfile-torch bench --scale`` for its ``seed`` set alone (8 files x 8 DOUBLE x
+The cells of ``benchmarks/scale.py`` for its ``seed`` set alone (8 files x 8 DOUBLE x
 131,072 rows): ours (a ``TsFileIterableDataset`` streaming epoch, 8,192-row batches, auto and
 pread) and the floor (every file's series read whole by tsfile's query API on 2 threads, Arrow
 batches only), each in ``--repeats`` fresh processes, alternating. Reported: the fastest later
@@ -12,7 +12,8 @@ epoch of each, and ours / floor.
 import argparse
 import sys
 
-from tsfile_torch.bench import scale
+import scale  # benchmarks/scale.py, beside this file
+
 from tsfile_torch.bench.harness import later_epochs
 from tsfile_torch.bench.reference import reference_data
 

@@ -1,7 +1,7 @@
 """Where a stepped streaming epoch goes: decodes by thread and backend, time waiting for batches.
 
 Reference workload through ``make_loader`` (0 workers), 7 epochs: the first without a consumer,
-the rest with the ``--startup`` bench's training step (torch matrix products on one thread,
+the rest with ``benchmarks/startup.py``'s training step (torch matrix products on one thread,
 about 20 ms a batch). Per epoch: seconds, seconds waiting for batches, and the decodes counted
 by (thread, backend of the reader they went through: "" = the dataset's own).
 
@@ -14,10 +14,10 @@ import threading
 import time
 
 import torch
+from startup import training_step  # benchmarks/startup.py, beside this file
 
 from tsfile_torch import TsFileIterableDataset, make_loader
 from tsfile_torch.bench.reference import reference_data
-from tsfile_torch.bench.startup import training_step
 
 torch.set_num_threads(1)
 

@@ -5,7 +5,7 @@
 ``TsFileWindowDataset(PANEL_DIR, 96, 24, 24, shuffle=True, shuffle_blocks=16, cache=CACHE)``,
 256 windows a batch, 5 epochs (the consumer sums each batch's past values); prints each epoch's
 seconds and the median of the 4 after the first. Run 0 and 2 workers one after the other on the
-same panel (``tsfile-torch bench --windows`` writes one under the temporary directory).
+same panel (``python benchmarks/windows.py`` writes one under the temporary directory).
 """
 
 import statistics

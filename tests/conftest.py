@@ -325,6 +325,21 @@ def run_python():
     return run
 
 
+@pytest.fixture(scope="session")
+def bench_script():
+    """The function ``name -> module``: imports ``benchmarks/NAME.py`` of this checkout.
+
+    The scripts are not installed (nor a package); they import each other by name, as
+    ``python benchmarks/NAME.py`` does, so their directory is on ``sys.path`` for the session.
+    """
+    import importlib
+    from pathlib import Path
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "benchmarks"))
+        yield importlib.import_module
+
+
 def _flip_value_byte(path, series: str, offset: int) -> None:
     data = bytearray(open(path, "rb").read())
     data[data.index(b"\x41\x04" + series.encode()) + offset] ^= 0xFF  # value-chunk header

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import runpy
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,6 +14,7 @@ import torch
 from tsfile_torch import TsFileIterableDataset, synthetic
 from tsfile_torch.cli import main
 
+ROOT = Path(__file__).resolve().parent.parent
 TINY = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=2, num_rows=3000)
 
 
@@ -74,11 +78,9 @@ def test_set_random_batches_switches_a_live_dataset(tiny_dir):
 
 def test_read_backend_benchmark_quick_reports_every_state(tiny_dir, tmp_path):
     import subprocess
-    import sys
-    from pathlib import Path
 
     out = tmp_path / "scan.jsonl"
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "read_backend.py"
+    script = ROOT / "benchmarks" / "read_backend.py"
     run = subprocess.run(
         [
             sys.executable,
@@ -107,9 +109,8 @@ def test_read_backend_benchmark_quick_reports_every_state(tiny_dir, tmp_path):
 
 
 @pytest.mark.slow
-def test_scale_benchmark_quick_run_reports_every_target(tmp_path):
-    from tsfile_torch.bench import scale as scale
-
+def test_scale_benchmark_quick_run_reports_every_target(tmp_path, bench_script):
+    scale = bench_script("scale")
     records = scale.run_scale(str(tmp_path / "scale"), quick=True, dataframe_budget_s=10)
     assert all("error" not in r["ours"] for r in records), records
     table = scale.format_scale(records)
@@ -192,10 +193,12 @@ def test_write_json_puts_the_environment_on_every_line_and_appends(tmp_path):
     assert len(out.read_text().splitlines()) == 1
 
 
-def test_bench_startup_runs_in_new_interpreters_and_reports_its_ratios(tiny_dir, tmp_path, capsys):
+def test_startup_benchmark_runs_in_new_interpreters_and_reports_its_ratios(
+    tiny_dir, tmp_path, capsys, bench_script
+):
     out = tmp_path / "startup.jsonl"
-    argv = ["bench", "--startup", "--quick", "--data", str(tiny_dir), "--workers", "0"]
-    assert main([*argv, "--backends", "pread", "--no-progress", "--json", str(out)]) == 0
+    argv = ["--quick", "--data", str(tiny_dir), "--workers", "0", "--backends", "pread"]
+    assert bench_script("startup").main([*argv, "--no-progress", "--json", str(out)]) == 0
     (record,) = [json.loads(line) for line in out.read_text().splitlines()]
     assert (record["workers"], record["backend"], record["batches"]) == (0, "pread", 1)
     for key in ("build", "first_batch", "first_epoch", "later", "stepped", "stepped_first"):
@@ -204,3 +207,30 @@ def test_bench_startup_runs_in_new_interpreters_and_reports_its_ratios(tiny_dir,
     assert record["step"] == 0.02  # the step asked (its length is calibrated: never asserted)
     table = capsys.readouterr().out
     assert "epoch 1st batch after steps / steady" in table and "pread" in table
+
+
+@pytest.mark.parametrize(
+    "argv, script",
+    [
+        (["--scale"], "benchmarks/scale.py"),
+        (["--windows", "--quick"], "benchmarks/windows.py"),
+        (["--startup", "--workers", "0"], "benchmarks/startup.py"),
+        (["--peers", "--peer-list", "numpy", "--out", "x"], "benchmarks/peers.py"),
+        (["--data", "s3://bucket/data/", "--storage-options", "{}"], "benchmarks/remote.py"),
+    ],
+)
+def test_a_benchmark_that_left_the_package_is_named_with_its_script(argv, script, capsys):
+    assert main(["bench", *argv]) == 2
+    (line,) = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"tsfile-torch bench: error: {argv[0]}") and f"python {script}" in line
+    assert (ROOT / script).is_file()
+
+
+@pytest.mark.parametrize("name", ["scale", "windows", "startup", "peers", "remote", "decode_floor"])
+def test_each_benchmark_script_runs_from_the_checkout(name, bench_script, monkeypatch, capsys):
+    bench_script("scale")  # the directory on sys.path, as running a script puts it
+    monkeypatch.setattr(sys, "argv", [str(ROOT / "benchmarks" / f"{name}.py"), "--help"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_path(sys.argv[0], run_name="__main__")
+    assert exit_.value.code == 0
+    assert "usage:" in capsys.readouterr().out

@@ -7,10 +7,14 @@ import json
 import pytest
 
 from tsfile_torch import synthetic
-from tsfile_torch.bench import peers
-from tsfile_torch.cli import main
 
 TINY = synthetic.DatasetSpec(num_files=2, devices_per_file=1, fields_per_device=2, num_rows=2000)
+
+
+@pytest.fixture(scope="module")
+def peers(bench_script):
+    """``benchmarks/peers.py``."""
+    return bench_script("peers")
 
 
 @pytest.fixture(scope="module")
@@ -20,12 +24,10 @@ def tiny_dir(tmp_path_factory):
     return directory
 
 
-def test_bench_peers_writes_table_jsonl_and_verified_rows(tiny_dir, tmp_path, capsys):
+def test_peers_benchmark_writes_table_jsonl_and_verified_rows(tiny_dir, tmp_path, capsys, peers):
     out = tmp_path / "out"
-    code = main(
+    code = peers.main(
         [
-            "bench",
-            "--peers",
             "--quick",
             "--data",
             str(tiny_dir),
@@ -64,7 +66,7 @@ def test_bench_peers_writes_table_jsonl_and_verified_rows(tiny_dir, tmp_path, ca
     assert not list(tiny_dir.glob("*.parquet"))  # conversions stay out of the data folder
 
 
-def test_a_peer_that_drops_rows_is_marked(tiny_dir, monkeypatch):
+def test_a_peer_that_drops_rows_is_marked(tiny_dir, monkeypatch, peers):
     real = peers._NumpyReader.order
     monkeypatch.setattr(peers._NumpyReader, "order", lambda self, epoch: real(self, epoch)[:-1])
     plan = peers.PeerPlan(
@@ -82,14 +84,14 @@ def test_a_peer_that_drops_rows_is_marked(tiny_dir, monkeypatch):
     assert "ROWS MISSING" in peers.format_peer_table(records, summary)
 
 
-def test_unknown_peers_and_a_plan_without_the_baseline_are_refused(tiny_dir):
+def test_unknown_peers_and_a_plan_without_the_baseline_are_refused(tiny_dir, peers):
     with pytest.raises(ValueError, match="peers must be among"):
         peers.PeerPlan(str(tiny_dir), peers=("tsfile-torch", "lance"))
     with pytest.raises(ValueError, match="must include 'tsfile-torch'"):
         peers.PeerPlan(str(tiny_dir), peers=("numpy",))
 
 
-def test_a_peer_that_cannot_be_imported_is_skipped_with_the_install_line(monkeypatch):
+def test_a_peer_that_cannot_be_imported_is_skipped_with_the_install_line(monkeypatch, peers):
     monkeypatch.setitem(peers.PEERS, "litdata", ("no_such_module_here", "pip install litdata"))
     found, skipped = peers.available_peers(["tsfile-torch", "litdata"])
     assert found == ["tsfile-torch"]
@@ -97,7 +99,7 @@ def test_a_peer_that_cannot_be_imported_is_skipped_with_the_install_line(monkeyp
 
 
 @pytest.mark.slow
-def test_every_installed_peer_delivers_every_row(tiny_dir, tmp_path):
+def test_every_installed_peer_delivers_every_row(tiny_dir, tmp_path, peers):
     plan = peers.PeerPlan(str(tiny_dir), batch_size=500, rounds=1, epochs=2, workers=(0, 2))
     records, summary = peers.run_peer_benchmark(plan, progress=False)
     ran = {r["peer"] for r in records}

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from dataclasses import replace
+from pathlib import Path
 
-from tsfile_torch.bench import windows as bench_windows
-from tsfile_torch.cli import main
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "windows.py"
 
 
-def test_quick_window_benchmark_checksums_match_the_reference(tmp_path):
+def test_quick_window_benchmark_checksums_match_the_reference(tmp_path, bench_script):
+    bench_windows = bench_script("windows")
     plan = replace(bench_windows.QUICK_WINDOWS, cache_dir=str(tmp_path), workers=(0, 2))
     records = bench_windows.run_window_benchmark(plan)
     routes = [r["route"] for r in records]
@@ -35,20 +40,20 @@ def test_quick_window_benchmark_checksums_match_the_reference(tmp_path):
     assert "MISMATCH" not in text and "TsFileDataFrame" in text
 
 
-def test_cli_bench_windows_quick_writes_json(tmp_path, capsys):
+def test_the_window_script_run_from_the_checkout_writes_json(tmp_path):
     out = tmp_path / "w.jsonl"
-    code = main(
-        [
-            "bench",
-            "--windows",
-            "--quick",
-            "--cache-dir",
-            str(tmp_path),
-            "--json",
-            str(out),
-            "--no-progress",
-        ]
+    argv = ["--quick", "--cache-dir", str(tmp_path), "--json", str(out), "--no-progress"]
+    run = subprocess.run(
+        [sys.executable, str(SCRIPT), *argv],
+        cwd=tmp_path,  # a checkout's script, run from anywhere
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
-    assert code == 0
     assert len(out.read_text().splitlines()) == 8  # 5 routes, the dict items, 2 disk routes
-    assert "in-memory numpy reference" in capsys.readouterr().out
+    assert "in-memory numpy reference" in run.stdout

@@ -13,107 +13,24 @@ from tsfile_torch.options import TIME_UNITS, format_timestamp
 __all__ = ["main"]
 
 
-def _bench_remote(args: argparse.Namespace) -> int:
-    from tsfile_torch.bench import remote as bench_remote
-    from tsfile_torch.bench.harness import write_json
+#: Benchmarks that left the installed package (issue #44): the ``bench`` option that ran each, and
+#: the script of a checkout that runs it now, with the same options.
+MOVED_BENCHMARKS = {
+    "scale": "benchmarks/scale.py",
+    "windows": "benchmarks/windows.py",
+    "startup": "benchmarks/startup.py",
+    "peers": "benchmarks/peers.py",
+}
+#: What ``bench --data URL`` ran: timing a URL against its local copies.
+MOVED_REMOTE = "benchmarks/remote.py"
 
-    records = bench_remote.run_remote_benchmark(
-        args.data,
-        _remote_options(args).storage_options,
-        columns=args.columns,
-        batch_size=args.batch_size,
-        workers=tuple(args.workers) if args.workers else (0,),
-        epochs=2 if args.quick else 3,
-        rounds=args.rounds or (1 if args.quick else 3),
-        read_backend=args.backends[0],
+
+def _moved(option: str, command: str) -> ValueError:
+    """The error for a benchmark option that moved to a script of a checkout."""
+    return ValueError(
+        f"{option} moved out of the installed package: in a checkout of tsfile-torch, run "
+        f"python {command} (add --help for its options)"
     )
-    print(bench_remote.format_remote_table(records))
-    if args.json:
-        write_json(records, args.json)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0
-
-
-def _scale(args: argparse.Namespace) -> int:
-    import os
-
-    from tsfile_torch.bench import scale
-    from tsfile_torch.bench.harness import write_json
-
-    data_dir = args.cache_dir or os.path.join(
-        os.path.expanduser("~"), ".cache", "tsfile-torch", "scale"
-    )
-    records = scale.run_scale(data_dir, quick=args.quick)
-    print(scale.format_scale(records))
-    if args.plot:
-        scale.plot_scale(records, args.plot)
-        print(f"wrote {args.plot}")
-    if args.json:
-        write_json(records, args.json)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0
-
-
-def _bench_windows(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
-    from tsfile_torch.bench import windows as bw
-    from tsfile_torch.bench.harness import write_json
-
-    plan = bw.QUICK_WINDOWS if args.quick else bw.WindowBenchPlan()
-    plan = replace(plan, data=args.data, cache_dir=args.cache_dir)
-    if args.workers:
-        plan = replace(plan, workers=tuple(args.workers))
-    records = bw.run_window_benchmark(plan, progress=not args.no_progress)
-    print(bw.format_window_table(records))
-    if args.json:
-        write_json(records, args.json, append=True)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0 if all(r["checksum_ok"] for r in records) else 1
-
-
-def _bench_startup(args: argparse.Namespace) -> int:
-    from tsfile_torch.bench import startup
-    from tsfile_torch.bench.harness import write_json
-    from tsfile_torch.bench.reference import reference_data
-
-    data = args.data or reference_data(args.cache_dir)
-    rounds = 1 if args.quick else (args.rounds or 3)
-    workers = tuple(args.workers) if args.workers else (0, 2)
-    backends = tuple(args.backends) if args.backends else ("auto", "pread")
-    records = startup.run_startup(
-        data, workers, rounds, progress=not args.no_progress, backends=backends
-    )
-    print(startup.format_startup(records))
-    if args.json:
-        write_json(records, args.json, append=True)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0
-
-
-def _bench_peers(args: argparse.Namespace) -> int:
-    import tempfile
-
-    from tsfile_torch.bench import peers
-    from tsfile_torch.bench.reference import reference_data
-
-    plan = peers.PeerPlan(
-        data=args.data or reference_data(args.cache_dir),
-        batch_size=args.batch_size,
-        rounds=args.rounds or (1 if args.quick else 3),
-        epochs=2 if args.quick else 3,
-        workers=tuple(args.workers or [0, 2]),
-        peers=tuple(args.peer_list or peers.PEERS),
-        hf_shuffled=args.hf_shuffled,
-    )
-    out = args.out or tempfile.mkdtemp(prefix="tsfile-torch-peers-results-")
-    records, summary = peers.run_peer_benchmark(plan, progress=not args.no_progress)
-    written = peers.write_peer_results(records, summary, out)
-    print(peers.format_peer_table(records, summary))
-    if "png" not in written:
-        print("no plot: matplotlib is not installed (pip install matplotlib)")
-    print(f"wrote {', '.join(written.values())}")
-    return 0
 
 
 def _bench(args: argparse.Namespace) -> int:
@@ -121,16 +38,11 @@ def _bench(args: argparse.Namespace) -> int:
     from tsfile_torch.bench.harness import write_json
     from tsfile_torch.sources.remote import is_url
 
+    for name, script in MOVED_BENCHMARKS.items():
+        if getattr(args, name):
+            raise _moved(f"--{name}", script)
     if args.data and is_url(args.data) and not args.data.startswith("file://"):
-        return _bench_remote(args)
-    if args.scale:
-        return _scale(args)
-    if args.windows:
-        return _bench_windows(args)
-    if args.peers:
-        return _bench_peers(args)
-    if args.startup:
-        return _bench_startup(args)
+        raise _moved("--data URL", f"{MOVED_REMOTE} {args.data}")
     args.workers = args.workers or [0, 1, 2]
     data = args.data or bench.reference_data(args.cache_dir)
     if args.quick:
@@ -501,11 +413,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="what to do (COMMAND -h: its options)",
     )
 
-    b = sub.add_parser("bench", help="epoch-throughput benchmark beside TsFileDataFrame")
+    b = sub.add_parser(
+        "bench",
+        help="epoch-throughput benchmark beside TsFileDataFrame",
+        epilog="The other benchmarks (forecasting windows, scale, start-up, peers, object "
+        "storage) are scripts of a checkout of tsfile-torch: python benchmarks/windows.py | "
+        "scale.py | startup.py | peers.py | remote.py (--help: their options); figures and "
+        "commands: benchmarks/RESULTS.md.",
+    )
     b.add_argument(
         "--data",
-        help="TsFiles to read: a path, directory, glob or URL (s3://bucket/prefix/; then the "
-        "URL is timed against its local copies) (default: the reference dataset, generated)",
+        help="local TsFiles to read: a path, directory or glob (default: the reference dataset, "
+        "generated)",
     )
     b.add_argument("--cache-dir", help="where the reference dataset is generated")
     b.add_argument("--columns", nargs="+", help="column names or glob patterns")
@@ -522,7 +441,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--workers",
         nargs="+",
         type=int,
-        help="DataLoader workers (default 0 1 2; URL: 0; windows: 0 2)",
+        help="DataLoader workers (default 0 1 2)",
     )
     b.add_argument(
         "--caches",
@@ -538,56 +457,16 @@ def build_parser() -> argparse.ArgumentParser:
         "before each configuration (posix_fadvise DONTNEED)",
     )
     b.add_argument("--quick", action="store_true", help="a short run (under 30 s)")
-    b.add_argument(
-        "--scale",
-        action="store_true",
-        help="the scale benchmark: rows per file, number of files, columns, decode floor "
-        "(data generated under --cache-dir, default ~/.cache/tsfile-torch/scale)",
-    )
-    b.add_argument(
-        "--windows",
-        action="store_true",
-        help="forecasting-window benchmark on a generated panel (64 devices x 8 fields x "
-        "200,000 rows; --data: a panel directory) beside TsFileDataFrame and in-memory numpy",
-    )
-    b.add_argument(
-        "--startup",
-        action="store_true",
-        help="build, first batch and first epoch in a new process, and epochs with a 20 ms "
-        "training step per batch (decode overlap), 0 and 2 workers, streaming",
-    )
-    b.add_argument(
-        "--peers",
-        action="store_true",
-        help="beside the loaders a user would pick instead (LitData, MosaicML Streaming, "
-        "Hugging Face datasets, Parquet with pyarrow, numpy in memory; those installed: "
-        'pip install "tsfile-torch[peers]"): conversion, first and later epochs, 0 and 2 '
-        "workers, as ratios to tsfile-torch streaming with 0 workers",
-    )
-    b.add_argument(
-        "--peer-list",
-        nargs="+",
-        choices=["tsfile-torch", "numpy", "parquet", "litdata", "streaming", "hf-datasets"],
-        help="--peers: the loaders to run (default: all; tsfile-torch is always needed)",
-    )
-    b.add_argument(
-        "--hf-shuffled",
-        action="store_true",
-        help="--peers: run Hugging Face datasets shuffled too (ds.shuffle; minutes an epoch at "
-        "the reference size; default: one batch timed, the epoch estimated)",
-    )
-    b.add_argument(
-        "--out",
-        help="--peers: directory for peers.txt, peers.jsonl and peers.png "
-        "(default: a new temporary directory)",
-    )
     b.add_argument("--json", help="write one JSON record per configuration and round")
     b.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
     b.add_argument("--no-progress", action="store_true", help="print no progress lines")
-    b.add_argument(
-        "--storage-options",
-        help='with --data URL: fsspec options, JSON: \'{"endpoint_url": "http://..."}\'',
-    )
+    # the options of the benchmarks that moved (MOVED_BENCHMARKS), still parsed so that an old
+    # command line gets the error naming the script, not "unrecognized arguments"
+    for name in MOVED_BENCHMARKS:
+        b.add_argument(f"--{name}", action="store_true", help=argparse.SUPPRESS)
+    for option in ("--peer-list", "--out", "--storage-options"):
+        b.add_argument(option, nargs="*", help=argparse.SUPPRESS)
+    b.add_argument("--hf-shuffled", action="store_true", help=argparse.SUPPRESS)
     b.set_defaults(func=_bench)
 
     i = sub.add_parser(

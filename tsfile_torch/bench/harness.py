@@ -1,7 +1,7 @@
 """The one benchmark harness: checksum, repeated timing, min / median, JSON with the environment.
 
-Every benchmark under ``tsfile-torch bench`` (the reference workload, ``--windows``,
-``--data URL``, ``--scale``) checksums what it reads with :func:`checksum` (through
+Every benchmark (``tsfile-torch bench``, the reference workload; in a checkout,
+``benchmarks/*.py``) checksums what it reads with :func:`checksum` (through
 :func:`consume`), times repeated epochs with :func:`repeat`, reduces seconds with
 :func:`later_epochs` and :func:`min_median`, and writes records with :func:`write_json`.
 """

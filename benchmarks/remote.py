@@ -1,5 +1,7 @@
 """Remote-source benchmark: epochs over URL sources (fetch included) beside the same files local.
 
+    python benchmarks/remote.py s3://bucket/prefix/ [--storage-options JSON] [--workers 0 2]
+
 Per round and worker count, three configurations read the same bytes, one after the other:
 
 - ``remote, empty cache``: a dataset on the URL with a new, empty ``cache_dir``: its first epoch
@@ -15,17 +17,27 @@ three. Epochs are timed by :func:`tsfile_torch.bench.harness.repeat`.
 
 from __future__ import annotations
 
+import argparse
+import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 
-from tsfile_torch.bench.harness import Timings, consume, later_epochs, min_median, repeat
+from tsfile_torch.bench.harness import (
+    Timings,
+    consume,
+    later_epochs,
+    min_median,
+    repeat,
+    write_json,
+)
 from tsfile_torch.data.rows import TsFileIterableDataset
 from tsfile_torch.loader import make_loader
 from tsfile_torch.sources.remote import RemoteFile
 
-__all__ = ["run_remote_benchmark", "format_remote_table"]
+__all__ = ["format_remote_table", "main", "run_remote_benchmark"]
 
 
 def _epochs(ds, num_workers: int, epochs: int) -> Timings:
@@ -127,3 +139,43 @@ def format_remote_table(records: list[dict]) -> str:
         f"rows per epoch, {len({r['round'] for r in records})} rounds; MB/s = file bytes / s)"
     )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from the command line and print its table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url", help="TsFiles under a URL: s3://bucket/prefix/ (fsspec)")
+    parser.add_argument(
+        "--storage-options",
+        type=json.loads,
+        help='fsspec options, JSON: \'{"endpoint_url": "http://..."}\'',
+    )
+    parser.add_argument("--columns", nargs="+", help="column names or glob patterns")
+    parser.add_argument("--batch-size", type=int, default=8192, help="rows per batch")
+    parser.add_argument("--workers", nargs="+", type=int, default=[0], help="default: 0")
+    parser.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 epochs")
+    parser.add_argument(
+        "--backend", choices=["auto", "mmap", "pread"], default="auto", help="default: auto"
+    )
+    parser.add_argument("--json", help="write one JSON record per configuration and round")
+    args = parser.parse_args(argv)
+    records = run_remote_benchmark(
+        args.url,
+        args.storage_options,
+        columns=args.columns,
+        batch_size=args.batch_size,
+        workers=tuple(args.workers),
+        epochs=2 if args.quick else 3,
+        rounds=args.rounds or (1 if args.quick else 3),
+        read_backend=args.backend,
+    )
+    print(format_remote_table(records))
+    if args.json:
+        write_json(records, args.json)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

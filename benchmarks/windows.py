@@ -1,4 +1,4 @@
-"""Forecasting-window benchmark (``tsfile-torch bench --windows``).
+"""Forecasting-window benchmark: ``python benchmarks/windows.py [--quick] [--json OUT]``.
 
 On a generated panel (devices with their own timestamps, every series split across files) it
 times one shuffled epoch of all windows (``context_length`` + ``horizon`` rows, ``stride``,
@@ -26,16 +26,18 @@ which depends on the sampler, does not matter. Epochs are timed by
 
 from __future__ import annotations
 
+import argparse
 import os
+import sys
 import tempfile
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
 from tsfile_torch import synthetic
-from tsfile_torch.bench.harness import Consumed, Timings, consume, repeat
+from tsfile_torch.bench.harness import Consumed, Timings, consume, repeat, write_json
 from tsfile_torch.data.handover import as_tensor, batch_array
 from tsfile_torch.data.windows import TsFileWindowDataset, WindowBatch, collate_windows
 from tsfile_torch.loader import make_loader, worker_context
@@ -329,3 +331,33 @@ def format_window_table(records: list[dict]) -> str:
             f"{'ok' if r['checksum_ok'] else 'MISMATCH'}"
         )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from the command line; exit status 1 if a checksum did not match."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument(
+        "--data", help="a panel directory (default: one generated under --cache-dir, once)"
+    )
+    parser.add_argument("--cache-dir", help="where the panel is generated (default: temporary)")
+    parser.add_argument(
+        "--quick", action="store_true", help="8 devices x 4 fields x 12,000 rows: seconds"
+    )
+    parser.add_argument("--workers", nargs="+", type=int, help="DataLoader workers (default 0 2)")
+    parser.add_argument("--json", help="append one JSON record per route to this file")
+    parser.add_argument("--no-progress", action="store_true", help="print no progress lines")
+    args = parser.parse_args(argv)
+    plan = QUICK_WINDOWS if args.quick else WindowBenchPlan()
+    plan = replace(plan, data=args.data, cache_dir=args.cache_dir)
+    if args.workers:
+        plan = replace(plan, workers=tuple(args.workers))
+    records = run_window_benchmark(plan, progress=not args.no_progress)
+    print(format_window_table(records))
+    if args.json:
+        write_json(records, args.json, append=True)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0 if all(r["checksum_ok"] for r in records) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

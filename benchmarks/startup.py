@@ -1,4 +1,6 @@
-"""``tsfile-torch bench --startup``: build, first batch and overlap with a training step.
+"""Start-up benchmark: build, first batch and overlap with a training step.
+
+    python benchmarks/startup.py [--quick] [--rounds 3] [--workers 0 2] [--json OUT]
 
 Each round runs in a new interpreter (nothing warm but the page cache: the files are read once
 before) over the reference dataset, for 0 and 2 workers and the ``auto`` and ``pread`` backends
@@ -21,13 +23,15 @@ later epoch, epoch with steps / max(epoch, steps), medians over rounds.
 
 from __future__ import annotations
 
+import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import time
 
-__all__ = ["format_startup", "run_startup", "training_step"]
+__all__ = ["format_startup", "main", "run_startup", "training_step"]
 
 _CHILD = r"""
 import json, sys, time
@@ -35,10 +39,11 @@ t0 = time.perf_counter()
 from tsfile_torch import TsFileIterableDataset, make_loader
 imported = time.perf_counter()
 data, workers, step, backend = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), sys.argv[4]
+sys.path.insert(0, sys.argv[5])  # this file's directory: training_step
 
 import torch
 
-from tsfile_torch.bench.startup import training_step as spin
+from startup import training_step as spin
 
 torch.set_num_threads(1)
 
@@ -78,6 +83,7 @@ if __name__ == "__main__":
 """
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
 _STEP: dict = {}  # the step's matrix and, per duration, its number of products
 
 
@@ -125,7 +131,7 @@ def run_startup(
     for r, w, b in tqdm(runs, desc="startup", disable=not progress):
         warm_page_cache(files)
         out = subprocess.run(
-            [sys.executable, "-c", _CHILD, data, str(w), str(step_ms / 1000), b],
+            [sys.executable, "-c", _CHILD, data, str(w), str(step_ms / 1000), b, _HERE],
             check=True,
             capture_output=True,
             text=True,
@@ -186,3 +192,42 @@ def format_startup(records: list[dict]) -> str:
             f"{s['stepped_first_over_steady']:>36.2f}"
         )
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from the command line and print its table."""
+    from tsfile_torch.bench.harness import write_json
+    from tsfile_torch.bench.reference import reference_data
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", help="TsFiles to read (default: the reference dataset)")
+    parser.add_argument("--cache-dir", help="where the reference dataset is generated")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds (default 3; quick: 1)")
+    parser.add_argument("--quick", action="store_true", help="one round")
+    parser.add_argument("--workers", nargs="+", type=int, default=[0, 2], help="default: 0 2")
+    parser.add_argument(
+        "--backends",
+        nargs="+",
+        choices=["auto", "mmap", "pread"],
+        default=["auto", "pread"],
+        help="read backends (default: auto pread)",
+    )
+    parser.add_argument("--json", help="append one JSON record per run to this file")
+    parser.add_argument("--no-progress", action="store_true", help="print no progress lines")
+    args = parser.parse_args(argv)
+    records = run_startup(
+        args.data or reference_data(args.cache_dir),
+        tuple(args.workers),
+        1 if args.quick else args.rounds,
+        progress=not args.no_progress,
+        backends=tuple(args.backends),
+    )
+    print(format_startup(records))
+    if args.json:
+        write_json(records, args.json, append=True)
+        print(f"wrote {len(records)} records to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

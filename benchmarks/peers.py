@@ -1,4 +1,4 @@
-"""Peers benchmark (``tsfile-torch bench --peers``): the loaders a user would pick instead.
+"""Peers benchmark: the loaders a user would pick instead (``python benchmarks/peers.py``).
 
 The same matrix (every selected column of the TsFiles, float32), the same batches
 (``batch_size`` consecutive rows) through:
@@ -25,7 +25,7 @@ The same matrix (every selected column of the TsFiles, float32), the same batche
 numpy, parquet and hf-datasets batches go through the same small iterable dataset, which gives
 a worker every ``num_workers``-th batch; every peer runs with 0 and 2 DataLoader workers
 (persistent). A peer that cannot be imported is skipped with one line saying how to install it
-(``pip install "tsfile-torch[peers]"``).
+(``pip install -r benchmarks/requirements.txt``).
 
 Conversion: the TsFiles are read once through tsfile's own ``tsfile.to_dataframe`` into the
 matrix (timed once, its values checked against tsfile-torch's reader); each peer's writer then
@@ -47,12 +47,14 @@ conversions against that epoch's median. Absolute seconds are printed beside.
 
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib
 import multiprocessing
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterable
@@ -64,7 +66,14 @@ import torch
 import torch.utils.data as tud
 from tqdm import tqdm
 
-from tsfile_torch.bench.harness import MODULUS, checksum, environment, later_epochs
+from tsfile_torch.bench.harness import (
+    MODULUS,
+    checksum,
+    environment,
+    later_epochs,
+    write_json,
+)
+from tsfile_torch.bench.reference import reference_data
 from tsfile_torch.data.rows import TsFileIterableDataset
 from tsfile_torch.loader import make_loader, worker_context
 from tsfile_torch.sources import expand_sources
@@ -79,20 +88,16 @@ __all__ = [
     "write_peer_results",
 ]
 
+#: How to install every peer at once (from a checkout).
+_ALL_PEERS = "pip install -r benchmarks/requirements.txt"
 #: Peers by name: the module each needs and how to install it.
 PEERS = {
     "tsfile-torch": (None, ""),
     "numpy": (None, ""),
-    "parquet": ("pyarrow.parquet", 'pip install pyarrow  (or pip install "tsfile-torch[peers]")'),
-    "litdata": ("litdata", 'pip install litdata==0.2.76  (or pip install "tsfile-torch[peers]")'),
-    "streaming": (
-        "streaming",
-        'pip install mosaicml-streaming==0.13.0  (or pip install "tsfile-torch[peers]")',
-    ),
-    "hf-datasets": (
-        "datasets",
-        'pip install datasets==5.2.0  (or pip install "tsfile-torch[peers]")',
-    ),
+    "parquet": ("pyarrow.parquet", f"pip install pyarrow  (or {_ALL_PEERS})"),
+    "litdata": ("litdata", f"pip install litdata==0.2.76  (or {_ALL_PEERS})"),
+    "streaming": ("streaming", f"pip install mosaicml-streaming==0.13.0  (or {_ALL_PEERS})"),
+    "hf-datasets": ("datasets", f"pip install datasets==5.2.0  (or {_ALL_PEERS})"),
 }
 #: Orders every peer runs.
 ORDERS = ("sequential", "shuffled")
@@ -792,8 +797,6 @@ def write_peer_results(records: list[dict], summary: dict, out: str, stem: str =
 
     Returns the paths written by kind; ``png`` is absent without matplotlib.
     """
-    from tsfile_torch.bench.harness import write_json
-
     os.makedirs(out, exist_ok=True)
     written = {"txt": os.path.join(out, f"{stem}.txt"), "jsonl": os.path.join(out, f"{stem}.jsonl")}
     with open(written["txt"], "w", encoding="utf-8") as fh:
@@ -803,3 +806,52 @@ def write_peer_results(records: list[dict], summary: dict, out: str, stem: str =
     if plot_peers(records, png):
         written["png"] = png
     return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark from the command line: print the table, write OUT/peers.*."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--data", help="TsFiles to read (default: the reference dataset)")
+    parser.add_argument("--cache-dir", help="where the reference dataset is generated")
+    parser.add_argument("--batch-size", type=int, default=8192, help="rows per batch")
+    parser.add_argument("--rounds", type=int, help="rounds (default 3, quick 1)")
+    parser.add_argument("--quick", action="store_true", help="1 round of 2 epochs")
+    parser.add_argument("--workers", nargs="+", type=int, help="DataLoader workers (default 0 2)")
+    parser.add_argument(
+        "--peer-list",
+        nargs="+",
+        choices=list(PEERS),
+        help="the loaders to run (default: all; tsfile-torch is always needed)",
+    )
+    parser.add_argument(
+        "--hf-shuffled",
+        action="store_true",
+        help="run Hugging Face datasets shuffled too (ds.shuffle; minutes an epoch at the "
+        "reference size; default: one batch timed, the epoch estimated)",
+    )
+    parser.add_argument(
+        "--out", help="directory for peers.txt, .jsonl and .png (default: a new temporary one)"
+    )
+    parser.add_argument("--no-progress", action="store_true", help="print no progress lines")
+    args = parser.parse_args(argv)
+    plan = PeerPlan(
+        data=args.data or reference_data(args.cache_dir),
+        batch_size=args.batch_size,
+        rounds=args.rounds or (1 if args.quick else 3),
+        epochs=2 if args.quick else 3,
+        workers=tuple(args.workers or [0, 2]),
+        peers=tuple(args.peer_list or PEERS),
+        hf_shuffled=args.hf_shuffled,
+    )
+    out = args.out or tempfile.mkdtemp(prefix="tsfile-torch-peers-results-")
+    records, summary = run_peer_benchmark(plan, progress=not args.no_progress)
+    written = write_peer_results(records, summary, out)
+    print(format_peer_table(records, summary))
+    if "png" not in written:
+        print("no plot: matplotlib is not installed (pip install matplotlib)")
+    print(f"wrote {', '.join(written.values())}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
