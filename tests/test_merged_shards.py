@@ -310,3 +310,26 @@ def test_list_devices_of_files_that_overlap_without_duplicates(case):
     # late: b follows a, only c's late minutes overlap a
     assert info.overlapping_files == (3 if directory.name.startswith("three") else 2)
     assert list_devices(directory)["p.d2"].overlapping_files == 0
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_a_resume_mid_epoch_delivers_the_rest_of_the_merged_rows_once(case, num_workers):
+    directory, frame = case
+    times, values = rows_expected(frame)
+
+    def loader():
+        ds = TsFileIterableDataset(directory, columns=["p.d1.*", "p.d2.*"], batch_size=40,
+                                   order="batches", seed=3, dtype=torch.float64,
+                                   return_timestamps=True)  # fmt: skip
+        return make_loader(ds, num_workers=num_workers, stateful=True)
+
+    first = loader()
+    it = iter(first)
+    head = [next(it) for _ in range(4)]
+    state = first.state_dict()
+    del it, first
+    again = loader()
+    again.load_state_dict(state)
+    batches = sorted(head + list(again), key=lambda b: int(b[1][0]))
+    np.testing.assert_array_equal(torch.cat([t for _, t in batches]).numpy(), times)
+    np.testing.assert_array_equal(torch.cat([v for v, _ in batches]).numpy(), values)

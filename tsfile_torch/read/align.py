@@ -87,7 +87,13 @@ class _Timeline:
         view = reader.view(self.catalog_columns)
         if self.merge is None:
             return reader.read(lo, hi, view=view)
-        return self.merge.read(lambda a, b: reader.read(a, b, view=view), lo, hi)
+        return self.merge.read(
+            lambda a, b, out: reader.read(a, b, out, view=view),
+            lo,
+            hi,
+            len(self.catalog_columns),
+            reader.dtype,
+        )
 
 
 class Alignment:
@@ -188,6 +194,14 @@ class Alignment:
                 f"{self.num_rows} aligned rows or empty"
             )
         target = self.times[start_row:stop_row]
+        if len(self.timelines) == 1 and self.timelines[0].merge is not None:
+            timeline = self.timelines[0]  # one merged timeline: its rows are the aligned rows
+            values, times = timeline.read(reader, start_row, stop_row)
+            if timeline.columns == tuple(range(len(self.columns))):
+                return values, times
+            out = np.empty_like(values)
+            out[:, list(timeline.columns)] = values
+            return out, times
         out = np.empty((len(target), len(self.columns)), dtype=reader.dtype)
         for timeline in self.timelines:
             own = timeline.times

@@ -84,11 +84,14 @@ class Merge:
         delta = self.run_row[j0:j1] - self.run_pos[j0:j1]
         return np.arange(start, stop, dtype=np.int64) + np.repeat(delta, ends - first)
 
-    def read(self, read_stored: Callable, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
-        """Return merged rows ``[start, stop)``: values ``(n, columns)`` and timestamps.
+    def read(
+        self, read_stored: Callable, start: int, stop: int, width: int, dtype
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Return merged rows ``[start, stop)``: values ``(n, width)`` in ``dtype``, timestamps.
 
-        ``read_stored(a, b)`` returns stored rows ``[a, b)`` (values, times); it is called once
-        per shard the rows come from, with that shard's stretch.
+        ``read_stored(a, b, out)`` returns stored rows ``[a, b)`` as (values, times), the
+        values in ``out`` when it is not None; it is called once per shard the rows come from,
+        with that shard's stretch.
         """
         if not 0 <= start < stop <= self.num_rows:
             raise ValueError(
@@ -99,21 +102,22 @@ class Merge:
         losers = self.dup_row[d0:d1]
         wanted = np.concatenate([winners, losers]) if len(losers) else winners
         shard = np.searchsorted(self.shard_rows, wanted, side="right") - 1
-        parts, where = [], np.zeros(len(self.shard_rows), dtype=np.int64)
-        offset = 0
-        for k in np.unique(shard):
+        spans, where, total = [], np.zeros(len(self.shard_rows), dtype=np.int64), 0
+        for k in np.flatnonzero(np.bincount(shard, minlength=len(self.shard_rows))):
             rows = wanted[shard == k]
             lo, hi = int(rows.min()), int(rows.max()) + 1
-            parts.append(read_stored(lo, hi))
-            where[k] = offset - lo
-            offset += hi - lo
-        if len(parts) == 1:
-            values, times = parts[0]
-        else:
-            values = np.concatenate([p[0] for p in parts])
-            times = np.concatenate([p[1] for p in parts])
+            spans.append((lo, hi, total))
+            where[k] = total - lo
+            total += hi - lo
+        if len(spans) == 1:
+            values, times = read_stored(spans[0][0], spans[0][1], None)
+        else:  # each shard's stretch straight into one buffer
+            values = np.empty((total, width), dtype=dtype)
+            times = np.empty(total, dtype=np.int64)
+            for lo, hi, at in spans:
+                times[at : at + hi - lo] = read_stored(lo, hi, values[at : at + hi - lo])[1]
         at = winners + where[shard[: len(winners)]]
-        if len(parts) == 1 and not len(losers) and at[0] == 0 and len(at) == len(times):
+        if len(spans) == 1 and not len(losers) and at[0] == 0 and len(at) == len(times):
             return values, times  # one shard's consecutive rows here: as read
         out, out_times = values[at], times[at]
         if len(losers):
@@ -154,12 +158,14 @@ class Merge:
                 merged.append(times[k])
                 pos += len(times[k])
                 continue
+            # in rank order, so that a stable sort puts a timestamp's winner first; the sort
+            # merges the shards' increasing runs (timsort: ~ one pass per shard)
+            cluster = sorted(cluster, key=lambda k: (ranks[k], k))
             stamps = np.concatenate([times[k] for k in cluster])
             rows = np.concatenate(
                 [np.arange(len(times[k]), dtype=np.int64) + shards[k].start_row for k in cluster]
             )
-            rank = np.concatenate([np.full(len(times[k]), ranks[k]) for k in cluster])
-            order = np.lexsort((rank, stamps))
+            order = np.argsort(stamps, kind="stable")
             stamps, rows = stamps[order], rows[order]
             new = np.r_[True, stamps[1:] != stamps[:-1]]
             if not new.all():
@@ -239,7 +245,8 @@ def warn_resolved(merges: Sequence[tuple[str, Merge]], duplicates: str) -> None:
     more = f" and {len(hit) - 3} more" if len(hit) > 3 else ""
     winner = "earlier" if duplicates == "first" else "later"
     warn_caller(
-        f"{total:,} timestamps are stored in more than one file: {shown}{more}; "
+        f"{total:,} timestamp{' is' if total == 1 else 's are'} stored in more than one file: "
+        f"{shown}{more}; "
         f"duplicates={duplicates!r} kept the {winner} source's values, cell by cell (a null "
         f"never replaces a value)"
     )
