@@ -47,6 +47,18 @@ class WindowBatch(Sequence):
         return tuple(p[i] for p in self.parts)
 
 
+class TensorWindows(tuple, WindowBatch):
+    """Windows that are one tensor each (``horizon=0``, no timestamps): a tuple of views into
+    one stacked tensor, so torch's ``default_collate`` stacks it as the list of samples a plain
+    DataLoader gives it, while :func:`collate_windows` hands the stacked tensor over as it is."""
+
+    def __new__(cls, stacked: torch.Tensor):
+        return super().__new__(cls, stacked.unbind(0))
+
+    def __init__(self, stacked: torch.Tensor):
+        self.parts, self.keys = (stacked,), None
+
+
 def collate_windows(batch):
     """``collate_fn`` for window batches: stacked tensors without a Python object per window.
 
@@ -118,7 +130,7 @@ class WindowItems:
         if times is not None:
             stamps = as_tensor(times)
             parts += [stamps[:, :c], stamps[:, c:]] if self.horizon else [stamps]
-        return WindowBatch(tuple(parts))
+        return TensorWindows(parts[0]) if len(parts) == 1 else WindowBatch(tuple(parts))
 
     def dict_items(
         self, arrays: dict[str, np.ndarray], k: np.ndarray, missing: np.ndarray, features_ready
