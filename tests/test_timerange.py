@@ -327,9 +327,9 @@ def test_random_windows_crossing_a_workers_range_after_sequential_epochs_are_exa
     small_dir, small_expected, rows_of
 ):
     """A window that starts in a worker's rows and ends past them, its block already cached."""
-    ds = TsFileIterableDataset(small_dir, batch_size=1000, dtype=torch.float64)
+    ds = TsFileIterableDataset(small_dir, batch_size=1000, dtype=torch.float64, order="stretches")
     loader = make_loader(ds, num_workers=2)
-    # sequential: each worker reads its own contiguous stretch of rows (its reader clipped to it)
+    # stretches: each worker reads its own contiguous stretch of rows (its reader clipped to it)
     assert sum(len(b) for b in loader) == 5000
     # worker 0's rows [0, edge): the batches it was given
     edge = (int(max(b[-1] for b in ds.items_for(0, worker=0, num_workers=2))) + 1) * 1000
