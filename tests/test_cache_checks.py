@@ -143,7 +143,7 @@ def test_a_changed_cached_byte_is_decoded_again_with_one_warning(source, tmp_pat
             _exact(ds, i)
     (warning,) = [w for w in caught if issubclass(w.category, CacheMismatchWarning)]
     text = str(warning.message)
-    assert path in text and "checksum mismatch" in text and "decoding them again" in text
+    assert path in text and "seal mismatch" in text and "decoding them again" in text
     assert os.path.basename(source) not in text  # the TsFile is not blamed
     _no_warning_now(source, tmp_path)
 
@@ -187,7 +187,7 @@ def test_another_entrys_data_under_this_entrys_header_is_not_served(source, tmp_
     with open(mine, "r+b") as fh:
         fh.write(header)
     ds = _map_style(source, tmp_path / "a", columns=["t.d0.s0", "t.d0.s1"])
-    with pytest.warns(CacheMismatchWarning, match="checksum mismatch"):
+    with pytest.warns(CacheMismatchWarning, match="seal mismatch"):
         _exact_columns(ds, [0, 1])
 
 

@@ -31,6 +31,7 @@ from tsfile_torch.data.ring import RingBatch
 from tsfile_torch.data.view import KeptBatch
 from tsfile_torch.loader import _InMain, _InMainIterable
 from tsfile_torch.read import diskcache
+from tsfile_torch.sources.cachedir import KEY_NAME
 
 
 @pytest.fixture(scope="module")
@@ -402,7 +403,7 @@ def test_cache_info_and_clear(rows_dir, tmp_path, capsys):
     assert cli(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     assert "deleted 1 entries" in capsys.readouterr().out
     assert _entries(tmp_path) == []
-    assert os.listdir(diskcache.decoded_dir(str(tmp_path))) == []
+    assert os.listdir(diskcache.decoded_dir(str(tmp_path))) == [KEY_NAME]  # kept: no entry
 
 
 def test_cache_dir_defaults_under_xdg_cache_home(monkeypatch, tmp_path):

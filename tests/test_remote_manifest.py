@@ -34,7 +34,11 @@ def _want(file: int) -> np.ndarray:
 
 
 def _copies(cache) -> list[str]:
-    return sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))
+    """Names of the copies in ``cache`` (not locks, the key or records of downloads)."""
+    return sorted(
+        p.name for p in cache.iterdir() if not p.name.endswith((".lock", ".rec"))
+        and not p.name.startswith(".")
+    )  # fmt: skip
 
 
 def test_an_object_that_differs_from_the_manifest_beside_it_is_an_error_and_not_cached(

@@ -18,6 +18,7 @@ __all__ = [
     "SchemaError",
     "RemoteError",
     "WorkerError",
+    "CacheDirError",
     "CacheMismatchWarning",
     "FileProblem",
     "shared_memory",
@@ -47,6 +48,15 @@ class RemoteError(TsFileFormatError):
 
 class WorkerError(TsFileTorchError):
     """A DataLoader worker died or stalled; the message names the file and rows it was reading."""
+
+
+class CacheDirError(TsFileTorchError):
+    """A cache directory is not private: another user owns it, or group / others may write it.
+
+    Decoded rows, local copies of URL sources and timeline indexes in such a directory could
+    be swapped by someone else (Note: private caches in :mod:`tsfile_torch.sources.cachedir`).
+    The message names the directory and how to make it private or share it with a group.
+    """
 
 
 class CacheMismatchWarning(UserWarning):

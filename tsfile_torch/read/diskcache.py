@@ -8,18 +8,23 @@ epochs, later runs, other jobs on the machine) shares one decoded copy through t
 - **Where**: ``<cache_dir>/decoded/`` when ``cache_dir`` is given, else
   ``$XDG_CACHE_HOME/tsfile-torch/decoded`` (``~/.cache/tsfile-torch/decoded``); the local copies
   of URL sources live beside it (``cache_dir`` itself, or ``~/.cache/tsfile-torch/remote``).
-  Files: ``<digest>.tsc`` (an entry), ``<digest>.lock`` (its creation lock), ``.cache.lock``.
+  Files: ``<digest>.tsc`` (an entry), ``<digest>.lock`` (its creation lock), ``.cache.lock``,
+  the key that seals its blocks. The directory is private (0700, files 0600) or a group share
+  the user made on purpose; any other is refused (Note: private caches in
+  :mod:`tsfile_torch.sources.cachedir`).
 - **Key**: the SHA-256 of everything that shapes the values (:func:`fingerprint`): each
   source's ``index_key()`` (path, size, mtime, ctime, inode, device; URL, ETag and size), the
   columns, the tables' layout, the stored dtype, the time range, alignment and fill, and the
   normalization numbers. A file rewritten in place changes its ctime (and a replaced one its
   inode), whatever was done to its mtime, so it gets a new entry; the old one ages out.
-- **Entry**: a header (magic, JSON: shape, dtype, ``check_rows``, boot id; the key), then the
-  ``filled`` bytes, one seal word per checked block, the int64 timestamps and the values
-  ``(rows, columns)``, each page aligned. Created once under an ``fcntl`` lock on
-  ``<digest>.lock``, at full size with ``posix_fallocate`` (so a full disk is an error at
-  creation, never a SIGBUS while writing a page), written to ``<digest>.tsc.part.<pid>`` and
-  published with ``os.replace``. A part file left by a creator killed before publishing is
+- **Entry**: a header (magic, JSON: shape, dtype, ``check_rows``, boot id, the id of the key
+  that seals it; the key text), then the ``filled`` bytes, one seal word per checked block, the
+  int64 timestamps and the values ``(rows, columns)``, each page aligned. Created once under an
+  ``fcntl`` lock on ``<digest>.lock``, at full size with ``posix_fallocate`` (so a full disk is
+  an error at creation, never a SIGBUS while writing a page; where it is missing, macOS, the
+  file is sized with ``ftruncate`` and a full disk shows as SIGBUS when a page is written),
+  written to ``<digest>.tsc.part.<pid>`` (``O_EXCL | O_NOFOLLOW``) and published with
+  ``os.replace``. A part file left by a creator killed before publishing is
   counted in ``cache_limit`` while its lock is held and deleted once it is free (Note: part
   files, :func:`sweep_parts`).
 - **Filling**: whichever process reads rows first writes them into the mapping, then sets their
@@ -32,12 +37,13 @@ epochs, later runs, other jobs on the machine) shares one decoded copy through t
   blocks (``check_rows`` = :data:`CHECK_ROWS` rows of one table): a block passes the
   statistics checks fresh decodes get (timestamps increasing and inside the series' range,
   values inside [min, max]: :class:`~tsfile_torch.integrity.checks.KeptRowsCheck`) before it is
-  sealed with a crc32 of its values, timestamps and flags (started from the key and the block
-  number), and each process verifies that crc once per block before serving it. A mismatch
+  sealed with an HMAC-SHA256 of its values, timestamps and flags (with the entry's key and the
+  block number) under the directory's secret, and each process verifies that seal once per
+  block before serving it: who cannot read the secret cannot seal rows of their own. A mismatch
   warns once per process and entry (:class:`~tsfile_torch.errors.CacheMismatchWarning`, naming
-  the entry file) and the block is decoded from the TsFile again and rewritten. Cost: crc32
-  runs at ~5.9 GB/s here, once per block and process (the statistics once per block, when it
-  is sealed); nothing in later epochs of a process. What it cannot catch: with
+  the entry file) and the block is decoded from the TsFile again and rewritten. Cost: HMAC-SHA256
+  runs at ~1.1 GB/s here (SHA extensions), once per block and process (the statistics once per
+  block, when it is sealed); nothing in later epochs of a process. What it cannot catch: with
   ``check_statistics=False``, a ``filled`` flag set on rows never written, in a block that a
   later put completes, is sealed over what those rows hold.
 - **Bound**: before an entry is created, the least recently used entries (by mtime: an open
@@ -56,13 +62,13 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
 import mmap
 import os
 import struct
 import time
-import zlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -71,7 +77,15 @@ import numpy as np
 from tsfile_torch.errors import CacheMismatchWarning, warn_caller
 from tsfile_torch.options import user_cache_dir
 from tsfile_torch.read.memory import MemoryStore, fence
-from tsfile_torch.sources.cachedir import file_lock, make_room
+from tsfile_torch.sources.cachedir import (
+    CacheDir,
+    create_file,
+    file_lock,
+    key_id,
+    make_room,
+    private_dir,
+    secret,
+)
 
 __all__ = [
     "CHECK_ROWS",
@@ -88,14 +102,14 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_MAGIC = b"TSFTDC02"
+_MAGIC = b"TSFTDC03"
 _PAGE = 4096
 _SUFFIX = ".tsc"
 #: Rows per checked block (Note: checked blocks) when the reader decodes more at once.
 CHECK_ROWS = 8192
-#: High half of a block's seal word once its checksum is written (the low half), after the
-#: statistics checks passed (or, unchecked, by a process with ``check_statistics=False``).
-_SEALED, _SEALED_UNCHECKED = 0x7C5EA1ED, 0x7C5EA1EC
+#: What a block's seal covers besides its bytes: whether the statistics checks passed before
+#: it was sealed (or, unchecked, by a process with ``check_statistics=False``).
+_CHECKED, _UNCHECKED = b"\x01", b"\x00"
 _warned: set[str] = set()
 
 
@@ -159,12 +173,15 @@ def _header(fd: int) -> tuple[dict, bytes, int]:
     return meta, body[meta_len:], _round(16 + meta_len + key_len)
 
 
-def _check(fd: int, key: str, sizes: Sequence[int], columns: int, dtype: np.dtype):
-    """Return (header bytes, block starts) of a valid entry of ``key``; raise _Damaged if not."""
+def _check(fd: int, key: str, sizes: Sequence[int], columns: int, dtype: np.dtype, sealer: str):
+    """Return (header bytes, block starts) of a valid entry of ``key`` sealed by the key named
+    ``sealer``; raise _Damaged if not."""
     meta, stored, head = _header(fd)
     expected = (key.encode(), int(sum(sizes)), columns, dtype.str)
     if (stored, meta.get("rows"), meta.get("columns"), meta.get("dtype")) != expected:
         raise _Damaged("header of another entry")
+    if meta.get("sealer") != sealer:
+        raise _Damaged("sealed with another cache key (its key file was made anew)")
     check_rows = meta.get("check_rows")
     if not isinstance(check_rows, int) or check_rows <= 0:
         raise _Damaged("bad header (no check_rows)")
@@ -241,7 +258,19 @@ def sweep_parts(directory: str, held: str | None = None) -> list[tuple[float, in
     return out
 
 
-def _create(path: str, key: str, sizes: Sequence[int], columns: int, dtype: np.dtype) -> None:
+def _reserve(fd: int, size: int) -> None:
+    """Give ``fd`` ``size`` bytes: allocated where ``posix_fallocate`` exists (a full disk is an
+    error now, never a SIGBUS later), else (macOS) sized with ``ftruncate``."""
+    allocate = getattr(os, "posix_fallocate", None)
+    if allocate is None:
+        os.ftruncate(fd, size)
+    else:
+        allocate(fd, 0, size)
+
+
+def _create(
+    path: str, key: str, sizes, columns: int, dtype: np.dtype, where: CacheDir, sealer: str
+):
     rows = int(sum(sizes))
     meta = json.dumps(
         {
@@ -250,6 +279,7 @@ def _create(path: str, key: str, sizes: Sequence[int], columns: int, dtype: np.d
             "dtype": dtype.str,
             "check_rows": CHECK_ROWS,
             "boot": _boot_id(),
+            "sealer": sealer,
             "created": time.time(),
         }
     ).encode()
@@ -258,9 +288,9 @@ def _create(path: str, key: str, sizes: Sequence[int], columns: int, dtype: np.d
     blocks = len(block_starts(sizes, CHECK_ROWS)) - 1
     size = _layout(_round(len(head)), rows, columns, dtype.itemsize, blocks)[4]
     part = f"{path}.part.{os.getpid()}"
-    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    fd = create_file(part, where.file_mode)  # under the entry's lock: the name is ours
     try:
-        os.posix_fallocate(fd, 0, size)  # space reserved now: no SIGBUS on a full disk later
+        _reserve(fd, size)  # space reserved now: no SIGBUS on a full disk later
         os.pwrite(fd, head, 0)
         os.close(fd)
         fd = -1
@@ -273,23 +303,29 @@ def _create(path: str, key: str, sizes: Sequence[int], columns: int, dtype: np.d
         raise
 
 
-def _map(path: str, sizes, columns: int, dtype: np.dtype, writable: bool, key: str):
+def _map(path: str, sizes, columns: int, dtype: np.dtype, writable: bool, key: str, sealer: str):
     """Return (mmap, (values, times, filled), seals, block starts) of a valid entry; raise
     _Damaged or OSError."""
     rows = int(sum(sizes))
-    fd = os.open(path, (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC)
+    flags = (os.O_RDWR if writable else os.O_RDONLY) | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
     try:
-        head, starts = _check(fd, key, sizes, columns, dtype)
+        fd = os.open(path, flags)
+    except OSError as err:
+        if os.path.islink(path):  # never followed: made again in its place
+            raise _Damaged("a symbolic link, not an entry") from err
+        raise
+    try:
+        head, starts = _check(fd, key, sizes, columns, dtype, sealer)
         blocks = len(starts) - 1
         filled_at, seals_at, times_at, values_at, size = _layout(
             head, rows, columns, dtype.itemsize, blocks
         )
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)
         mapped = mmap.mmap(fd, size, mmap.MAP_SHARED, prot)
+        with contextlib.suppress(OSError, NotImplementedError):
+            os.utime(fd if os.utime in os.supports_fd else path)  # last use, for eviction
     finally:
         os.close(fd)
-    with contextlib.suppress(OSError):
-        os.utime(path)  # last use, for least-recently-used eviction
     buf = memoryview(mapped)
     values = np.frombuffer(buf, dtype, rows * columns, values_at).reshape(rows, columns)
     times = np.frombuffer(buf, np.int64, rows, times_at)
@@ -304,40 +340,43 @@ BlockCheck = Callable[[int, int, np.ndarray, np.ndarray], "str | None"]
 
 
 class BlockSeals:
-    """Note: checked blocks. The checksums of an entry's blocks, and which ones this process
-    has verified.
+    """Note: checked blocks. The seals of an entry's blocks, and which ones this process has
+    verified.
 
     An entry's rows are checked in blocks: each table's rows in steps of the header's
     ``check_rows`` (:data:`CHECK_ROWS`, so a batch of the reference workload is one block; a
-    table shorter than that is one block). Each block has a seal word in the entry:
-    ``_SEALED << 32 | crc32`` of its values, timestamps and ``filled`` bytes, the crc started
-    from the entry's key and the block's number (so a block of another entry, or from another
-    place, does not match). Zero: not sealed.
+    table shorter than that is one block). Each block has a seal word in the entry: the first
+    8 bytes of the HMAC-SHA256, under the cache directory's secret (Note: private caches in
+    :mod:`tsfile_torch.sources.cachedir`), of the entry's key, the block's number, whether the
+    block passed the statistics checks, and its values, timestamps and ``filled`` bytes (so a
+    block of another entry, from another place, or sealed by someone without the secret, does
+    not match). Zero: not sealed.
 
     - **Sealing**: a process whose :meth:`MemoryStore.put_rows` leaves every row of a block
       filled checks the block (``check``: the statistics checks of decoded blocks), computes
-      its crc and writes the seal word after the data and flags it covers (one aligned 8-byte
+      its seal and writes the word after the data and flags it covers (one aligned 8-byte
       store). Two processes completing a block at once see the same bytes and write the same
       word.
-    - **Serving**: a row is served only from a sealed block whose crc this process verified
-      (once per process and block, remembered: later reads test one flag). The crc proves the
-      bytes are those the sealer checked, so the statistics checks run again only on a block
-      sealed unchecked (by a process with ``check_statistics=False``). Flags without a seal
-      are never trusted: those rows are decoded again (and a complete block is then sealed).
-    - **Mismatch**: a crc or a check that fails is one warning per process and entry naming
+    - **Serving**: a row is served only from a sealed block whose seal this process verified
+      (once per process and block, remembered: later reads test one flag). The seal proves the
+      bytes are those a holder of the secret checked, so the statistics checks run again only
+      on a block sealed unchecked (by a process with ``check_statistics=False``). Flags without
+      a seal are never trusted: those rows are decoded again (and a complete block is then
+      sealed).
+    - **Mismatch**: a seal or a check that fails is one warning per process and entry naming
       the entry file and what was wrong; the block's seal and flags are cleared, so its rows
       are decoded from the TsFile again and rewritten (a read-only entry: decoded every time
       in this process). A TsFile that really is damaged then fails its own decode, naming it.
     """
 
-    def __init__(self, path: str, key: str, seals, starts, arrays, writable, check=None):
+    def __init__(self, path, key: str, seals, starts, arrays, writable, check=None, secret=b""):
         self.path = path
         self.seals = seals
         self.starts = starts
         self.values, self.times, self.filled = arrays
         self.writable = writable
         self.check = check
-        self._key_crc = zlib.crc32(key.encode())
+        self._mac = hmac.new(secret, hashlib.sha256(key.encode()).digest(), hashlib.sha256)
         self._ok = np.zeros(len(seals), dtype=bool)  # verified in this process
         self._num_ok = 0  # == len(seals): every block verified, reads skip the lookup
         self._bad = np.zeros(len(seals), dtype=bool)  # mismatched, cannot be cleared
@@ -375,22 +414,29 @@ class BlockSeals:
         for b in found:
             b = int(b)
             lo, hi = int(self.starts[b]), int(self.starts[b + 1])
-            sealed = int(self.seals[b]) >> 32 in (_SEALED, _SEALED_UNCHECKED)
-            if self._ok[b] or sealed or not self.filled[lo:hi].all():
+            if self._ok[b] or self.seals[b] or not self.filled[lo:hi].all():
                 continue  # verified, sealed by another process (verified when read), or partial
             problem = self._problem(b, lo, hi)
             if problem is not None:
                 self._mismatch(b, lo, hi, problem)
                 continue
-            mark = _SEALED if self.check is not None else _SEALED_UNCHECKED
-            self.seals[b] = (mark << 32) | self._crc(b, lo, hi)
+            self.seals[b] = self._seal(self._digest(b, lo, hi), self.check is not None)
             self._verified(b)
 
-    def _crc(self, b: int, lo: int, hi: int) -> int:
-        crc = zlib.crc32(struct.pack("<Q", b), self._key_crc)
-        crc = zlib.crc32(self.values[lo:hi], crc)
-        crc = zlib.crc32(self.times[lo:hi], crc)
-        return zlib.crc32(self.filled[lo:hi], crc)
+    def _digest(self, b: int, lo: int, hi: int):
+        digest = self._mac.copy()
+        digest.update(struct.pack("<Q", b))
+        digest.update(self.values[lo:hi])
+        digest.update(self.times[lo:hi])
+        digest.update(self.filled[lo:hi])
+        return digest
+
+    @staticmethod
+    def _seal(digest, checked: bool) -> int:
+        """The seal word of a block whose bytes ``digest`` holds (never 0: not sealed)."""
+        digest = digest.copy()
+        digest.update(_CHECKED if checked else _UNCHECKED)
+        return int.from_bytes(digest.digest()[:8], "little") or 1
 
     def _problem(self, b: int, lo: int, hi: int) -> str | None:
         if self.check is None:
@@ -403,15 +449,21 @@ class BlockSeals:
         if self._bad[b]:
             return False
         word = int(self.seals[b])
-        if word >> 32 not in (_SEALED, _SEALED_UNCHECKED):
+        if not word:
             return False  # not sealed: its rows are decoded (Note: checked blocks)
         lo, hi = int(self.starts[b]), int(self.starts[b + 1])
         problem = None
-        if not self.filled[lo:hi].all():
+        digest = None if not self.filled[lo:hi].all() else self._digest(b, lo, hi)
+        if digest is None:
             problem = "sealed with rows not filled"
-        elif self._crc(b, lo, hi) != word & 0xFFFFFFFF:
-            problem = "checksum mismatch (its values, timestamps or flags changed after written)"
-        elif word >> 32 == _SEALED_UNCHECKED:  # sealed by a process without the checks
+        elif word == self._seal(digest, True):
+            pass
+        elif word != self._seal(digest, False):
+            problem = (
+                "seal mismatch (its values, timestamps or flags changed after they were "
+                "written, or were sealed without this cache's key)"
+            )
+        else:  # sealed by a process without the checks
             problem = self._problem(b, lo, hi)
         if problem is not None:
             self._mismatch(b, lo, hi, problem)
@@ -488,22 +540,27 @@ def open_store(
             quiet,
         )
         return None
+    sealed_by = b""
     try:
-        os.makedirs(directory, exist_ok=True)
+        where = private_dir(directory, tighten=True)  # CacheDirError: refused, raised
+        sealed_by = secret(where)
+        sealer = key_id(sealed_by)
         with file_lock(os.path.join(directory, digest + ".lock")):
             sweep_parts(directory, digest)  # Note: part files
             try:
-                arrays = _map(path, sizes, num_columns, dtype, True, key)
+                arrays = _map(path, sizes, num_columns, dtype, True, key, sealer)
             except (_Damaged, FileNotFoundError) as why:
                 if not isinstance(why, FileNotFoundError):
                     logger.warning("decoded cache entry %s: %s; creating it again", path, why)
                 with file_lock(os.path.join(directory, ".cache.lock")):
                     _make_room(directory, size, cache_limit, path)
-                    _create(path, key, sizes, num_columns, dtype)
-                arrays = _map(path, sizes, num_columns, dtype, True, key)
+                    _create(path, key, sizes, num_columns, dtype, where, sealer)
+                arrays = _map(path, sizes, num_columns, dtype, True, key, sealer)
         writable = True
     except (OSError, _Damaged) as err:  # _Damaged: an entry just created reads back wrong
-        arrays = _read_only(path, sizes, num_columns, dtype, key)
+        arrays = None
+        if sealed_by:  # the key was read: an entry sealed with it can still be served
+            arrays = _read_only(path, sizes, num_columns, dtype, key, key_id(sealed_by))
         writable = False
         kept = "reading the rows it holds, " if arrays else ""
         _warn_once(
@@ -515,13 +572,13 @@ def open_store(
         if arrays is None:
             return None
     mapped, kept_arrays, seals, starts = arrays
-    checked = BlockSeals(path, key, seals, starts, kept_arrays, writable, check)
+    checked = BlockSeals(path, key, seals, starts, kept_arrays, writable, check, sealed_by)
     return MemoryStore(sizes, num_columns, dtype, kept_arrays, mapped, writable, checked)
 
 
-def _read_only(path, sizes, columns, dtype, key):
+def _read_only(path, sizes, columns, dtype, key, sealer):
     try:
-        return _map(path, sizes, columns, dtype, False, key)
+        return _map(path, sizes, columns, dtype, False, key, sealer)
     except (_Damaged, OSError):
         return None
 
@@ -578,20 +635,36 @@ def _describe(path: str):
         os.close(fd)
 
 
-def clear(directory: str) -> tuple[int, int]:
-    """Delete every entry (and leftover part / lock file) in ``directory``: (entries, bytes)."""
-    count = nbytes = 0
+def clear(directory: str) -> tuple[int, int, int]:
+    """Delete every entry (and leftover part / lock file) in ``directory`` that no process is
+    creating: ``(entries deleted, their bytes, entries left because a fill holds their lock)``.
+
+    Each entry goes under its own lock, taken without waiting: a held lock and the part file of
+    the fill holding it stay, so a concurrent fill keeps its entry (Note: part files). A
+    process that waited on a lock deleted here opens the new one (:func:`file_lock`).
+    """
+    count = nbytes = busy = 0
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
-        return 0, 0
+        return 0, 0, 0
+    groups: dict[str, list[str]] = {}
     for name in names:
-        if not (name.endswith((_SUFFIX, ".lock")) or f"{_SUFFIX}.part." in name):
-            continue
-        path = os.path.join(directory, name)
-        with contextlib.suppress(FileNotFoundError):
-            size = os.stat(path).st_size
-            os.unlink(path)
-            if name.endswith(_SUFFIX):
-                count, nbytes = count + 1, nbytes + size
-    return count, nbytes
+        if name.endswith((_SUFFIX, ".lock")) or _is_part(name):
+            groups.setdefault(name.split(".", 1)[0], []).append(name)
+    for digest, found in sorted(groups.items()):
+        lock = os.path.join(directory, (digest or ".cache") + ".lock")
+        with file_lock(lock, blocking=False) as free:
+            if not free:
+                busy += any(name.endswith(_SUFFIX) or _is_part(name) for name in found)
+                continue
+            for name in sorted(found, key=lambda name: name.endswith(".lock")):  # lock last
+                path = os.path.join(directory, name)
+                with contextlib.suppress(FileNotFoundError):
+                    size = os.stat(path).st_size
+                    os.unlink(path)
+                    if name.endswith(_SUFFIX):
+                        count, nbytes = count + 1, nbytes + size
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(lock)  # under the lock: a waiter opens the next one
+    return count, nbytes, busy

@@ -29,25 +29,33 @@ Note: index cache. A saved index is keyed by the identity of the file its marks 
 the identity the reader was opened on (path, size, mtime, ctime, inode, device; see
 :class:`~tsfile_torch.read.openfiles.OpenFiles`), never by ``os.stat`` at save time, plus the
 series, time range and stride. It is saved only once complete and after the file was checked
-unchanged since, through a temporary file removed on every failure path. When loaded it is
-checked against the file (:func:`_agrees`: a few stretches between marks re-read, four small
-queries), so marks of another file that somehow got the key (an inode reused with equal times,
-a copied cache) are ignored instead of turning into wrong rows.
+unchanged since, through a temporary file removed on every failure path, sealed with the
+index directory's secret under its own name (Note: private caches in
+:mod:`tsfile_torch.sources.cachedir`). When loaded the seal is checked, then the marks against
+the file (:func:`_agrees`: a few stretches between marks re-read, four small queries), so marks
+of another file that somehow got the key (an inode reused with equal times, a copied cache),
+changed on disk, or written by someone without the secret are dropped (deleted, then learned
+from the file and saved again) instead of turning into wrong rows or a damage verdict against
+the TsFile; a seal that does not match is a
+:class:`~tsfile_torch.errors.CacheMismatchWarning` naming the entry.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import logging
 import os
 
 import numpy as np
 
 from tsfile_torch.catalog.build import FileInfo, ReadGroup
-from tsfile_torch.errors import SKIP_HINT, TsFileFormatError
+from tsfile_torch.errors import SKIP_HINT, CacheMismatchWarning, TsFileFormatError, warn_caller
+from tsfile_torch.sources.cachedir import SealError, private_dir, seal, secret, unseal
 from tsfile_torch.sources.content import atomic_write
 
-__all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "open_index", "save_index"]
+__all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "clear_index_cache", "open_index", "save_index"]
 
 logger = logging.getLogger(__name__)
 
@@ -182,8 +190,36 @@ def _cache_path(directory: str, key: str, group: ReadGroup, stride: int) -> str:
     return os.path.join(directory, digest[:2], digest + ".npy")
 
 
-def _load(path: str, expected: int) -> np.ndarray | None:
-    """Return the ``expected`` int64 marks of a saved index (an ``.npy`` file), or None.
+def _secret(path: str) -> bytes | None:
+    """Return the secret of the index directory holding ``path`` (None: it cannot be made).
+
+    Raises:
+        CacheDirError: the directory is not private (Note: private caches).
+    """
+    try:
+        return secret(private_dir(os.path.dirname(os.path.dirname(path))))
+    except OSError as err:
+        logger.info("timeline index cache beside %s not used: %s", path, err)
+        return None
+
+
+def _drop(path: str, why: str, warn: bool = False) -> None:
+    """Delete a cached index that cannot be used; it is learned from the file again."""
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+    text = (
+        f"timeline index cache entry {path}: {why}; deleted, the index is read from the TsFile "
+        f"again (the TsFile is not at fault)"
+    )
+    if warn:
+        warn_caller(text, CacheMismatchWarning)
+    else:
+        logger.info("%s", text)
+
+
+def _load(path: str, expected: int, key: bytes) -> np.ndarray | None:
+    """Return the ``expected`` int64 marks of a saved index (a sealed ``.npy`` file), or None
+    (a file that does not verify is dropped).
 
     The header is checked as text, not parsed with ``np.load`` (whose ``ast.literal_eval`` can
     fail with "AST constructor recursion depth mismatch" in a process forked while another
@@ -191,15 +227,22 @@ def _load(path: str, expected: int) -> np.ndarray | None:
     """
     try:
         with open(path, "rb") as fh:
-            data = fh.read()
+            raw = fh.read()
     except OSError:
         return None
+    try:
+        data = unseal(key, raw, os.path.basename(path))
+    except SealError as err:
+        _drop(path, str(err), warn=err.forged)
+        return None
     if data[:8] != b"\x93NUMPY\x01\x00" or len(data) < 10:
+        _drop(path, "not an index")
         return None
     size = int.from_bytes(data[8:10], "little")
     header = data[10 : 10 + size].decode("latin-1")
     want = ("'descr': '<i8'", "'fortran_order': False", f"'shape': ({expected},)")
     if not all(part in header for part in want) or len(data) != 10 + size + 8 * expected:
+        _drop(path, "not an index of this group's shape")
         return None
     return np.frombuffer(data, dtype="<i8", offset=10 + size).astype(np.int64)
 
@@ -242,9 +285,14 @@ def open_index(
     name = f"{info.name}: device {'.'.join(map(str, group.device))}"
     path = _cache_path(cache_dir, key, group, stride) if cache_dir and key else None
     expected = -(-group.num_rows // stride)
-    marks = _load(path, expected) if path and os.path.exists(path) else None
+    secret_key = _secret(path) if path else None
+    marks = None
+    if secret_key is None:
+        path = None
+    elif os.path.exists(path):
+        marks = _load(path, expected, secret_key)
     if marks is not None and not _agrees(marks, group, stride, fetch):
-        logger.info("%s: cached timeline index %s disagrees with the file; ignored", name, path)
+        _drop(path, f"{name}: disagrees with the file")
         marks = None
     index = TimeIndex(
         stride, group.num_rows, group.start_time, group.end_time, fetch, name, marks=marks
@@ -259,5 +307,29 @@ def save_index(index: TimeIndex) -> None:
     Call only once the file was checked unchanged after the marks were read (Note: index
     cache).
     """
-    if index.cache_path and index.complete:
-        atomic_write(index.cache_path, lambda fh: np.save(fh, index.marks, allow_pickle=False))
+    if not (index.cache_path and index.complete):
+        return
+    key = _secret(index.cache_path)
+    if key is None:
+        return
+    buffer = io.BytesIO()
+    np.save(buffer, index.marks, allow_pickle=False)
+    data = seal(key, buffer.getvalue(), os.path.basename(index.cache_path))
+    atomic_write(index.cache_path, lambda fh: fh.write(data))
+
+
+def clear_index_cache(directory: str) -> tuple[int, int]:
+    """Delete every saved index in ``directory``: ``(indexes, bytes)`` (files being written, by
+    :func:`~tsfile_torch.sources.content.atomic_write` under other names, stay)."""
+    count = nbytes = 0
+    with contextlib.suppress(FileNotFoundError):
+        for shard in sorted(os.scandir(directory), key=lambda e: e.name):
+            if len(shard.name) != 2 or not shard.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(shard.path):
+                if entry.name.endswith(".npy") and entry.is_file(follow_symlinks=False):
+                    with contextlib.suppress(FileNotFoundError):
+                        size = entry.stat(follow_symlinks=False).st_size
+                        os.unlink(entry.path)
+                        count, nbytes = count + 1, nbytes + size
+    return count, nbytes

@@ -50,6 +50,7 @@ from typing import IO, Any
 
 from tsfile_torch.errors import TsFileFormatError, warn_caller
 from tsfile_torch.options import user_cache_dir
+from tsfile_torch.sources.cachedir import private_dir
 
 __all__ = [
     "ALGORITHM",
@@ -161,14 +162,27 @@ def _attributes(st: os.stat_result) -> tuple[int, int, int, int]:
 def atomic_write(path: str, write: Callable[[IO[bytes]], Any], cache: bool = True) -> bool:
     """Write ``path`` through a temporary file in its directory and ``os.replace`` it.
 
-    The temporary file is removed on every failure path (a full disk, a write limit, an
-    exception in ``write``, an interrupt). With ``cache`` OS errors are logged and return False
-    (a cache is never worth failing a read for); without, they are raised like anything else.
+    The temporary file is made by ``mkstemp`` (``O_EXCL``, a fresh name: never through a
+    link) and removed on every failure path (a full disk, a write limit, an exception in
+    ``write``, an interrupt). With ``cache`` the directory is a private cache directory
+    (Note: private caches in :mod:`tsfile_torch.sources.cachedir`: made 0700, files 0600, one
+    not private is a CacheDirError) and OS errors are logged and return False (a cache is never
+    worth failing a read for); without, errors are raised like anything else.
+
+    Raises:
+        CacheDirError: with ``cache``, the directory is not private.
     """
     tmp = None
     try:
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        directory = os.path.dirname(path)
+        if cache:
+            mode = private_dir(directory).file_mode
+        else:
+            os.makedirs(directory, exist_ok=True)
+            mode = 0o600
+        fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")  # 0600
+        if mode != 0o600:
+            os.fchmod(fd, mode)  # a group share's
         with os.fdopen(fd, "wb") as fh:
             write(fh)
         os.replace(tmp, path)  # atomic: concurrent writers write the same bytes

@@ -26,8 +26,18 @@ then memory-map; a bounded cache evicts the least recently used). We follow them
   same-size rewrite is never read through an earlier build's copy: each build downloads it;
 - one download per file across processes through an ``fcntl`` lock on ``<copy>.lock`` (released
   by the kernel if a process dies: no stale lock files to clean up, unlike LitData's
-  ``FileLock(..., timeout=0)``), written to ``<copy>.part.<pid>`` and published with an atomic
-  ``os.replace`` (as Streaming does), so a reader never sees a partial file;
+  ``FileLock(..., timeout=0)``), written to ``<copy>.part.<pid>`` (``O_EXCL | O_NOFOLLOW``, in a
+  private ``cache_dir``: Note: private caches in :mod:`tsfile_torch.sources.cachedir`) and
+  published with an atomic ``os.replace`` (as Streaming does), so a reader never sees a partial
+  file;
+- a copy is checked against what was downloaded each time a process opens it: its size,
+  mtime, ctime, inode and device are recorded at download in ``<copy>.rec`` (sealed with the
+  directory's secret); when they moved (bit rot repaired by a tool, another process, a copy
+  put there by hand), the bytes are hashed again against the manifest's hash or the ETag's MD5
+  where there is one (a match: recorded anew), else, or on a mismatch, the copy is deleted and
+  fetched again with a :class:`~tsfile_torch.errors.CacheMismatchWarning` naming it. (A change
+  that keeps all five, writing the disk under the file system, is not seen.) Last use, for
+  eviction, is the record's mtime: the copy itself is never touched;
 - the object's version is checked against the catalog before download: an object changed after
   the dataset was built is an error, never a mix of old metadata and new data;
 - the downloaded bytes are checked before the copy is published: against a manifest
@@ -57,25 +67,39 @@ import errno
 import fnmatch
 import glob as _glob
 import hashlib
+import json
 import logging
 import os
 import re
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from tsfile_torch.errors import RemoteError
+from tsfile_torch.errors import CacheMismatchWarning, RemoteError, warn_caller
 from tsfile_torch.options import DEFAULT_CACHE_LIMIT, user_cache_dir
 from tsfile_torch.pids import alive
 from tsfile_torch.sources.base import FileObject, Source, file_url_path, register
-from tsfile_torch.sources.cachedir import file_lock, make_room
+from tsfile_torch.sources.cachedir import (
+    CacheDir,
+    SealError,
+    create_file,
+    file_lock,
+    make_room,
+    private_dir,
+    seal,
+    secret,
+    unseal,
+)
 from tsfile_torch.sources.content import (
     ALGORITHM,
     MANIFEST_NAME,
     ManifestEntry,
+    atomic_write,
+    hash_file,
     new_hash,
     parse_manifest,
     warn_unlisted,
@@ -439,9 +463,13 @@ def _check_writable(url: str, directory: str) -> None:
     Checked when a dataset is built, so a read-only cache is one clear error then, not a
     failure in every process at its first read (a missing directory is created at the first
     download).
+
+    Raises:
+        CacheDirError: ``directory`` exists and is not private (Note: private caches).
     """
     if not os.path.isdir(directory):
         return
+    private_dir(directory)
     try:
         with tempfile.TemporaryFile(dir=directory, prefix=".probe-"):
             pass
@@ -453,11 +481,11 @@ def _check_writable(url: str, directory: str) -> None:
 def open_metadata(remote: RemoteFile) -> Iterator[Any]:
     """Yield a seekable binary file of ``remote`` for reading its metadata (range reads).
 
-    A file already in the cache is opened locally instead (no request).
+    A file already in the cache, as it was downloaded, is opened locally instead (no request).
     """
     local = remote.cache_path
-    if os.path.exists(local):
-        with open(local, "rb") as fh:
+    if os.path.lexists(local):  # checked against its download (fetched again if changed)
+        with open(os.open(fetch(remote), os.O_RDONLY | _NOFOLLOW | _CLOEXEC), "rb") as fh:
             yield fh
         return
     fs = _filesystem(remote.url, remote.options)
@@ -476,21 +504,33 @@ def open_metadata(remote: RemoteFile) -> Iterator[Any]:
 
 
 # -- the local cache --------------------------------------------------------------------------
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+#: Suffix of the record of a copy's download (Note: remote sources).
+_RECORD = ".rec"
+
+
 def _copies(directory: str) -> list[tuple[float, int, str]]:
-    """Return (last use, bytes, path) of every copy and in-flight download in ``directory``."""
-    out = []
+    """Return (last use, bytes, path) of every copy and in-flight download in ``directory``.
+
+    Last use: the mtime of the copy's record (touched on each use) where it has one.
+    """
+    found, used = [], {}
     with os.scandir(directory) as entries:
         for entry in entries:
-            if entry.name.endswith(".lock") or entry.name.startswith("."):
-                continue
+            if entry.name.endswith((".lock", ".tmp")) or entry.name.startswith("."):
+                continue  # locks, the key, records being written
             if entry.is_dir(follow_symlinks=False):  # decoded/: the decoded cache's own bound
                 continue
             try:
-                st = entry.stat()
+                st = entry.stat(follow_symlinks=False)
             except FileNotFoundError:
                 continue
-            out.append((st.st_mtime, st.st_size, entry.path))
-    return out
+            if entry.name.endswith(_RECORD):
+                used[entry.path[: -len(_RECORD)]] = st.st_mtime
+            else:
+                found.append((st.st_mtime, st.st_size, entry.path))
+    return [(max(t, used.get(path, t)), size, path) for t, size, path in found]
 
 
 def _being_written(path: str) -> bool:
@@ -502,7 +542,12 @@ def _being_written(path: str) -> bool:
 def _make_room(remote: RemoteFile) -> None:
     """Delete least recently used copies until ``remote`` fits in the cache limit."""
     limit = remote.options.cache_limit
-    make_room(_copies(remote.options.directory), remote.nbytes, limit, keep=_being_written)
+    directory = remote.options.directory
+    make_room(_copies(directory), remote.nbytes, limit, keep=_being_written)
+    for name in os.listdir(directory):  # records of copies evicted here or elsewhere
+        if name.endswith(_RECORD) and not os.path.lexists(os.path.join(directory, name[:-4])):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(directory, name))
     if remote.nbytes > limit:
         logger.warning(
             "%s: %d bytes exceed cache_limit=%d; kept anyway (raise cache_limit)",
@@ -518,7 +563,7 @@ def _drop_old_versions(remote: RemoteFile) -> None:
     prefix = os.path.basename(remote.cache_path).split("-", 1)[0] + "-"
     keep = os.path.basename(remote.cache_path)
     for name in os.listdir(remote.options.directory):
-        if name.startswith(prefix) and name != keep and ".part." not in name:
+        if name.startswith(prefix) and name not in (keep, keep + _RECORD) and ".part." not in name:
             if not name.endswith(".lock"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(os.path.join(remote.options.directory, name))
@@ -533,7 +578,8 @@ def _download(remote: RemoteFile, target: str) -> None:
         # every GET carries If-Match with that ETag, so the bytes are that version's)
         with (
             fs.open(remote.url, "rb", block_size=DOWNLOAD_BLOCK, cache_type="none") as src,
-            open(part, "r+b") as dst,  # created at full size by fetch: space reserved
+            # created at full size by fetch (space reserved), never opened through a link
+            open(os.open(part, os.O_RDWR | _NOFOLLOW | _CLOEXEC), "r+b") as dst,
         ):
             info = getattr(src, "details", None) or fs.info(remote.url)
             version, nbytes = _version(info), int(info.get("size") or 0)
@@ -622,31 +668,133 @@ def _check_digests(remote: RemoteFile, digests: dict[str, Any]) -> None:
             )
 
 
+def _stat(path: str) -> list[int] | None:
+    """What a copy's record holds of it: size, mtime, ctime, inode, device (None: not a file)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
+        return None  # a link or anything else at a copy's name is never read
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev]
+
+
+def _record(remote: RemoteFile, target: str, key: bytes) -> dict | None:
+    """Return the record of ``target``'s download (None: none, or it does not verify)."""
+    try:
+        fd = os.open(target + _RECORD, os.O_RDONLY | _NOFOLLOW | _CLOEXEC)
+    except OSError:
+        return None
+    with open(fd, "rb") as fh:
+        raw = fh.read()
+    try:
+        record = json.loads(unseal(key, raw, os.path.basename(target)))
+    except (SealError, ValueError) as err:
+        logger.info("%s%s: not used (%s)", target, _RECORD, err)
+        return None
+    return record if record.get("url") == remote.url else None
+
+
+def _intact(remote: RemoteFile, target: str, key: bytes) -> bool:
+    """Return whether ``target`` is the copy of ``remote`` as it was downloaded."""
+    record = _record(remote, target, key)
+    if record is None:
+        return False
+    now = _stat(target)
+    return now is not None and record.get("stat") == now and now[0] == remote.nbytes
+
+
+def _write_record(remote: RemoteFile, target: str, key: bytes) -> None:
+    record = {"url": remote.url, "version": remote.version, "stat": _stat(target)}
+    data = seal(key, json.dumps(record).encode(), os.path.basename(target))
+    atomic_write(target + _RECORD, lambda fh: fh.write(data))
+
+
+def _expected_hash(remote: RemoteFile) -> tuple[str, str] | None:
+    """Return (algorithm, hex digest) the bytes of ``remote`` are known to have, if any."""
+    if remote.listed is not None:
+        return ALGORITHM, remote.listed[1].hash
+    if remote.md5 is not None:
+        return "md5", remote.md5
+    return None
+
+
+def _still_good(remote: RemoteFile, target: str, key: bytes) -> bool:
+    """Return whether the copy at ``target`` may be read, under its lock: as downloaded, or
+    moved on disk with the bytes the manifest or ETag says (recorded anew). Else delete it.
+    """
+    if _intact(remote, target, key):
+        return True
+    record, now = _record(remote, target, key), _stat(target)
+    expected = _expected_hash(remote)
+    if now is not None and now[0] == remote.nbytes and expected is not None:
+        algorithm, digest = expected
+        if algorithm == ALGORITHM:
+            got = hash_file(target)
+        else:
+            got = _md5(target)
+        if got == digest:
+            _write_record(remote, target, key)
+            logger.info("%s: moved on disk, bytes still those of %s: kept", target, remote.url)
+            return True
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(target)
+    if record is None:  # made by an earlier version, or its record was lost
+        logger.info("%s: no record of its download: fetching %s again", target, remote.url)
+        return False
+    names = ("size", "mtime", "ctime", "inode", "device")
+    was = record.get("stat") or [None] * len(names)
+    moved = [n for n, a, b in zip(names, was, now, strict=True) if a != b] if now else []
+    moved = moved or ["not a regular file now"]
+    checked = f"; its bytes differ from the {expected[0]} known for it" if expected else ""
+    warn_caller(
+        f"local copy {target} of {remote.url} changed since it was downloaded "
+        f"({', '.join(moved)}{checked}): deleted, fetching it again (the object is not at "
+        f"fault; if this repeats, check the disk and what else writes into cache_dir)",
+        CacheMismatchWarning,
+    )
+    return False
+
+
+def _md5(path: str) -> str:
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb", buffering=0) as fh:
+        while block := fh.read(DOWNLOAD_BLOCK):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def fetch(remote: RemoteFile) -> str:
-    """Return the path of the local copy of ``remote``, downloading it once across processes."""
+    """Return the path of the local copy of ``remote``, downloading it once across processes
+    and checking it against its download each time (Note: remote sources)."""
     target = remote.cache_path
-    if os.path.exists(target):
-        with contextlib.suppress(OSError):
-            os.utime(target)  # last use, for least-recently-used eviction
-        return target
     directory = remote.options.directory
     try:
-        os.makedirs(directory, exist_ok=True)
+        where: CacheDir = private_dir(directory)
     except OSError as err:
         raise RemoteError(
             f"{remote.url}: cannot create cache_dir={directory!r} ({err}); pass a writable "
             f"cache_dir"
         ) from err
     try:
+        key = secret(where)
+        if _intact(remote, target, key):
+            with contextlib.suppress(OSError):
+                os.utime(target + _RECORD)  # last use, for least-recently-used eviction
+            return target
         with file_lock(remote.lock_path):
-            if os.path.exists(target):  # another process fetched it while we waited
-                return target
+            if os.path.lexists(target) and _still_good(remote, target, key):
+                return target  # fetched by another process while we waited, or re-checked
             with file_lock(os.path.join(directory, ".cache.lock")):
                 _make_room(remote)
-                with open(f"{target}.part.{os.getpid()}", "wb") as part:
-                    part.truncate(remote.nbytes)  # counted by _make_room in other processes
+                fd = create_file(f"{target}.part.{os.getpid()}", where.file_mode)
+                try:
+                    os.ftruncate(fd, remote.nbytes)  # counted by _make_room in other processes
+                finally:
+                    os.close(fd)
             logger.debug("fetching %s (%d bytes) into %s", remote.url, remote.nbytes, target)
             _download(remote, target)  # raises RemoteError for its own failures
+            _write_record(remote, target, key)
     except OSError as err:  # locks, eviction, the part file: writing into cache_dir
         raise _cache_dir_error(remote.url, directory, err) from err
     with contextlib.suppress(OSError):
