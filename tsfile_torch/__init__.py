@@ -35,6 +35,7 @@ _PUBLIC = {
     "CacheMismatchWarning": "tsfile_torch.errors",
     "MappingError": "tsfile_torch.errors",
     "RemoteError": "tsfile_torch.errors",
+    "ResourceError": "tsfile_torch.errors",
     "SchemaError": "tsfile_torch.errors",
     "TsFileFormatError": "tsfile_torch.errors",
     "TsFileTorchError": "tsfile_torch.errors",

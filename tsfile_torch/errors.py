@@ -18,6 +18,7 @@ __all__ = [
     "SchemaError",
     "RemoteError",
     "WorkerError",
+    "ResourceError",
     "CacheDirError",
     "CacheMismatchWarning",
     "FileProblem",
@@ -48,6 +49,15 @@ class RemoteError(TsFileFormatError):
 
 class WorkerError(TsFileTorchError):
     """A DataLoader worker died or stalled; the message names the file and rows it was reading."""
+
+
+class ResourceError(TsFileTorchError):
+    """This process ran short of memory, shared memory (``/dev/shm``) or threads.
+
+    Nothing is wrong with the files: a ResourceError is never remembered as a file's damage
+    (Note: damage and exhaustion in :mod:`tsfile_torch.native.guard`). The message names what
+    ran out, how much there is, and what to change.
+    """
 
 
 class CacheDirError(TsFileTorchError):

@@ -52,7 +52,13 @@ from torch.utils.data._utils.fetch import _MapDatasetFetcher
 from torch.utils.data._utils.pin_memory import pin_memory
 
 from tsfile_torch.data.handover import WorkerRing
-from tsfile_torch.data.ring import RingBatch, RingCollate, RingControl, RingReceiver
+from tsfile_torch.data.ring import (
+    RingBatch,
+    RingCollate,
+    RingControl,
+    RingReceiver,
+    ring_available,
+)
 from tsfile_torch.data.view import EpochSampler, KeptBatch, LoaderSpec
 from tsfile_torch.errors import TsFileTorchError
 from tsfile_torch.integrity.checks import EpochSums, column_sums
@@ -88,6 +94,8 @@ def worker_context() -> multiprocessing.context.BaseContext:
     settings are left as they are.
     """
     methods = multiprocessing.get_all_start_methods()
+    if not hasattr(os, "fork"):  # both need fork() (Note: platforms in docs/performance.md)
+        methods = [m for m in methods if m not in ("fork", "forkserver")]
     if fork_safe() and "fork" in methods:
         return multiprocessing.get_context("fork")
     return multiprocessing.get_context("forkserver" if "forkserver" in methods else "spawn")
@@ -682,6 +690,7 @@ def make_loader(
             stacklevel=2,
         )
         pin_memory = False
+    _check_timeout(kwargs.get("timeout", 0), num_workers)
     if num_workers > 0:
         kwargs.setdefault("persistent_workers", True)
         if kwargs.get("multiprocessing_context") is None:
@@ -694,8 +703,10 @@ def make_loader(
                 share_store(core)
                 if spec.gather_block:  # Note: block exchange in tsfile_torch.read.exchange
                     share_blocks(core, num_workers, *spec.gather_block)
-        ring = RingControl(num_workers)  # Note: ring in tsfile_torch.data.handover
-        kwargs["collate_fn"] = RingCollate(kwargs.get("collate_fn") or tud.default_convert)
+        ring = None  # Note: ring in tsfile_torch.data.handover; ring platforms in data.ring
+        if ring_available():
+            ring = RingControl(num_workers)
+            kwargs["collate_fn"] = RingCollate(kwargs.get("collate_fn") or tud.default_convert)
         kwargs["worker_init_fn"] = functools.partial(
             _init_worker,
             os.getpid(),
@@ -721,7 +732,7 @@ def make_loader(
             **kwargs,
         )
     loader._spec, loader._view, loader._sums_first = spec, view, sums_first
-    loader._ring = RingReceiver(ring) if num_workers > 0 else None
+    loader._ring = RingReceiver(ring) if num_workers > 0 and ring is not None else None
     samplers = (kwargs.get("sampler"), kwargs.get("batch_sampler"))
     ours = any(isinstance(s, EpochSampler) for s in samplers)
     if dataset is view and spec.iterable:
@@ -819,16 +830,36 @@ def _batching(dataset, view, spec: LoaderSpec, batch_size, num_workers: int, kwa
     return batch_size
 
 
+def _check_timeout(timeout, num_workers: int) -> None:
+    """Check the DataLoader ``timeout`` make_loader passes on (torch asserts on some values)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(
+            f"timeout should be a number of seconds a batch from a worker may take; "
+            f"got timeout={timeout!r}"
+        )
+    if not 0 <= timeout < float("inf"):
+        raise ValueError(
+            f"timeout should be a finite number of seconds >= 0 (0: wait for ever); "
+            f"got timeout={timeout!r}"
+        )
+    if timeout and num_workers == 0:
+        raise ValueError(
+            f"timeout={timeout!r} bounds the wait for a batch from a worker process, and "
+            f"num_workers=0 reads in this process: leave timeout out, or set num_workers > 0"
+        )
+
+
 def _init_worker(
     parent_pid: int,
     from_main_thread: bool,
     user_init,
     hand_over: bool,
-    ring: RingControl,
+    ring: RingControl | None,
     worker_id: int,
 ) -> None:
     start_worker(parent_pid, from_main_thread)
-    WorkerRing.install(ring, worker_id)
+    if ring is not None:
+        WorkerRing.install(ring, worker_id)
     for core in _view_of(tud.get_worker_info().dataset).loader_spec().cores:  # this worker's copies
         core.hand_over = hand_over  # Note: hand-over
     if user_init is not None:

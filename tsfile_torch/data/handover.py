@@ -18,21 +18,45 @@ were a third of the main process's time). Rows, windows and mixtures all allocat
 batches here (:func:`batch_arrays`), and make tensors of them with :func:`as_tensor`; outside a
 worker the arrays are plain numpy arrays. Kept batches go by reference (Note: hand-over in
 :mod:`tsfile_torch.data.view`).
+
+Note: shared memory short. A batch's segment lives in ``/dev/shm`` (a tmpfs: 64 MiB in a
+container by default). When a ring slot cannot be made there (``posix_fallocate`` reserves it
+first, so a full ``/dev/shm`` is an error at once, never a SIGBUS later) the batch takes a
+segment of its own through torch (:func:`shared_buffer`); when that fails too, the worker raises
+a :class:`~tsfile_torch.errors.ResourceError` naming ``/dev/shm``, its free space and the fixes
+(:func:`shm_error`), which the DataLoader re-raises in the main process. torch 2.1 to 2.13 leave
+the name of a segment whose allocation failed in ``/dev/shm`` (``/torch_<pid>_...``, named in its
+error): :func:`shared_buffer` unlinks it, so nothing is left behind.
 """
 
 from __future__ import annotations
 
 import math
 import mmap
+import os
+import re
+import shutil
+import sys
 from typing import Any
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
+from tsfile_torch.errors import ResourceError
+from tsfile_torch.native.errors import address_space_limit
 from tsfile_torch.pids import ending_deferred
 
-__all__ = ["RING_SLOTS", "WorkerRing", "as_tensor", "batch_array", "batch_arrays", "worker_ring"]
+__all__ = [
+    "RING_SLOTS",
+    "WorkerRing",
+    "as_tensor",
+    "batch_array",
+    "batch_arrays",
+    "shared_buffer",
+    "shm_error",
+    "worker_ring",
+]
 
 #: Slots per worker ring: a worker's batches in flight (``prefetch_factor``, more when other
 #: workers finish first), the two its consumer may still hold, the one being written.
@@ -134,11 +158,63 @@ def batch_arrays(specs: dict[str, tuple[tuple[int, ...], Any]]) -> dict[str, np.
         total += -(-nbytes // 64) * 64  # every array 64-byte aligned
     buffer = _ring.take(max(total, 1)) if _ring is not None else None
     if buffer is None:  # no ring (a plain DataLoader) or no slot free: a segment of its own
-        buffer = torch.empty(max(total, 1), dtype=torch.uint8).share_memory_().numpy()
+        buffer = shared_buffer(max(total, 1)).numpy()
     return {
         name: buffer[lo : lo + nbytes].view(dtype).reshape(shape)
         for (name, (shape, dtype)), (lo, nbytes) in zip(specs.items(), spans.values(), strict=True)
     }
+
+
+def shared_buffer(nbytes: int) -> torch.Tensor:
+    """Return a new shared-memory buffer of ``nbytes`` (a uint8 tensor) through torch, a segment
+    of its own (Note: shared memory short).
+
+    Raises:
+        ResourceError: shared memory (``/dev/shm``) or memory is short.
+    """
+    try:
+        return torch.empty(nbytes, dtype=torch.uint8).share_memory_()
+    except RuntimeError as err:
+        # torch names the segment it failed to allocate and leaves it behind: unlink it
+        left = re.search(r"</(torch_[\w.-]+)>", str(err))
+        if left is None and "shared memory" not in str(err) and "mmap" not in str(err):
+            raise  # not an allocation
+        if left is not None and os.path.isdir("/dev/shm"):
+            try:
+                os.unlink(os.path.join("/dev/shm", left.group(1)))
+            except OSError:
+                pass
+        raise shm_error(nbytes, err) from err
+
+
+def shm_error(nbytes: int, err: BaseException) -> ResourceError:
+    """Return the error for ``nbytes`` of shared memory that could not be had (Note: shared
+    memory short): ``/dev/shm`` full (its free space and the fixes), or memory short."""
+    need = f"{nbytes / 2**20:.1f} MiB"
+    free = None
+    if sys.platform.startswith("linux") and os.path.isdir("/dev/shm"):
+        usage = shutil.disk_usage("/dev/shm")
+        free = usage.free
+        where = f"/dev/shm has {usage.free / 2**20:.1f} MiB free of {usage.total / 2**20:.0f} MiB"
+    else:
+        where = "the system's shared memory is short"
+    if free is not None and free >= nbytes:  # room in /dev/shm: mapping it failed (memory)
+        limit = address_space_limit()
+        said = f"an address-space limit (`ulimit -v`) of {limit >> 20} MiB" if limit else ""
+        return ResourceError(
+            f"a DataLoader worker could not map {need} of shared memory for a batch ({err}); "
+            f"{where}, so this process's memory is short{': ' + said if said else ''}; free "
+            f"memory or raise the limit, or give each worker less to hold (fewer num_workers, "
+            f"a smaller batch_size), or read in the main process (num_workers=0)"
+        )
+    return ResourceError(
+        f"a DataLoader worker could not allocate {need} of shared memory for a batch ({err}): "
+        f"{where}; batches travel from workers to the main process through /dev/shm (a "
+        f"container's is 64 MiB unless set): give it more (`docker run --shm-size=8g`, or a "
+        f"memory-backed emptyDir mounted at /dev/shm in Kubernetes), read in the main process "
+        f"(make_loader(..., num_workers=0)), or keep decoded rows on disk (cache='disk': "
+        f"workers then hand batches over by reference), or lower batch_size / num_workers"
+    )
 
 
 def batch_array(shape: tuple[int, ...], dtype) -> np.ndarray:

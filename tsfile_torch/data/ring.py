@@ -22,11 +22,17 @@ The segments are registered with multiprocessing's resource tracker by the worke
 them, so a main process killed by SIGKILL leaves none behind either; :meth:`RingReceiver.close`
 (the end of the loader's iterator, a worker failure, the loader's deletion, interpreter exit)
 unlinks every segment a worker made that the main process has not mapped yet.
+
+Note: ring platforms. The ring needs POSIX shared memory (``_posixshmem``: Linux, macOS);
+where it is missing (Windows) :func:`ring_available` is False and
+:func:`tsfile_torch.make_loader` hands batches over as a plain DataLoader does (a segment per
+batch, through torch). A slot is reserved with ``os.posix_fallocate`` where the platform has it
+(Linux: a full ``/dev/shm`` is an error when the slot is made, never a SIGBUS when it is
+written), else sized with ``os.ftruncate`` (macOS). Both are looked up when used.
 """
 
 from __future__ import annotations
 
-import _posixshmem
 import collections
 import mmap
 import os
@@ -38,15 +44,44 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from tsfile_torch.data.handover import DETACHED, FREE, HELD, RING_SLOTS, worker_ring
+from tsfile_torch.data.handover import (
+    DETACHED,
+    FREE,
+    HELD,
+    RING_SLOTS,
+    shared_buffer,
+    worker_ring,
+)
 from tsfile_torch.data.view import KeptBatch
 from tsfile_torch.data.window_items import WindowBatch
 
-__all__ = ["RingBatch", "RingControl", "RingReceiver", "SlotTensor", "pack"]
+try:
+    import _posixshmem
+except ImportError:  # no POSIX shared memory (Windows): no ring (Note: ring platforms)
+    _posixshmem = None
+
+__all__ = ["RingBatch", "RingControl", "RingReceiver", "SlotTensor", "pack", "ring_available"]
 
 #: Batches a consumer may still hold before their slots are given to it (the loop variable of
 #: ``for batch in loader`` holds the previous batch while the next is fetched).
 HOLD = 2
+
+
+def ring_available() -> bool:
+    """Return whether this platform has the POSIX shared memory the ring needs (Note: ring
+    platforms)."""
+    return _posixshmem is not None
+
+
+def _reserve(fd: int, size: int) -> None:
+    """Give a new segment ``size`` bytes: reserved where ``posix_fallocate`` exists (a full
+    ``/dev/shm`` raises ENOSPC now, never a SIGBUS later), else only sized (Note: ring
+    platforms)."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is None:
+        os.ftruncate(fd, size)
+    else:
+        fallocate(fd, 0, size)
 
 
 class RingControl:
@@ -83,7 +118,7 @@ class RingControl:
             resource_tracker.unregister(name, "shared_memory")
             return None
         try:
-            os.posix_fallocate(fd, 0, size)  # a full /dev/shm: an error now, never a SIGBUS
+            _reserve(fd, size)  # a full /dev/shm: an error now, never a SIGBUS
             segment = mmap.mmap(fd, size)
         except OSError:
             _unlink(name)
@@ -146,7 +181,9 @@ def pack(batch):
     used: set[int] = set()
     packed = _rebuild(batch, lambda t: _slot_tensor(copies.get(id(t), t), ring, used))
     ring.packed(used)
-    return RingBatch(packed) if used else batch
+    if used:
+        return RingBatch(packed)
+    return packed if copies else batch  # copies in a segment of their own: sent as they are
 
 
 def _sendable(value: torch.Tensor) -> bool:
@@ -185,9 +222,12 @@ def _copy_in(tensors: list[torch.Tensor], ring) -> dict[int, torch.Tensor]:
         spans.append((total, nbytes))
         total += -(-nbytes // 64) * 64
     buffer = ring.take(total)
-    if buffer is None:
-        return {}  # no slot: they go as torch sends them
     copies = {}
+    if buffer is None:  # no slot: a segment of their own, sent as torch sends shared tensors
+        shared = shared_buffer(max(total, 1))  # (Note: shared memory short)
+        for t, (lo, nbytes) in zip(tensors, spans, strict=True):
+            copies[id(t)] = shared[lo : lo + nbytes].view(t.dtype).view(t.shape).copy_(t)
+        return copies
     for t, (lo, nbytes) in zip(tensors, spans, strict=True):
         copy = torch.frombuffer(buffer[lo : lo + nbytes], dtype=t.dtype).view(t.shape)
         copies[id(t)] = copy.copy_(t)

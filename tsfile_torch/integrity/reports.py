@@ -25,6 +25,7 @@ import threading
 from multiprocessing import sharedctypes
 
 from tsfile_torch.errors import WorkerError, shared_memory
+from tsfile_torch.native.errors import worker_memory_hint
 from tsfile_torch.pids import alive
 
 __all__ = ["ReadSlots", "crash_report_path", "crash_reports", "explain_worker_failure"]
@@ -192,6 +193,8 @@ def explain_worker_failure(
                 f"and iterates the loader at module level, move that under "
                 f"`if __name__ == '__main__':` (an error saying so is printed above)"
             )
+    if not timed_out:
+        hint += worker_memory_hint()  # Note: damage and exhaustion in tsfile_torch.native.guard
     report = crash_reports(pids or set(named)) if not timed_out else ""
     return WorkerError(f"{message.strip()}: {what}; {hint}{report}")
 

@@ -18,6 +18,13 @@ block of values) and does, in this order:
    (Note: remembered verdicts, in :mod:`tsfile_torch.sources.content`; ``on_damaged="skip"``
    then leaves it out).
 
+Note: damage and exhaustion. Only damage is remembered. Running out of something is a fact
+about the process, not the file, and is never stored as the file's verdict (a later run with
+``on_damaged="skip"`` would drop a healthy file): memory (a ``MemoryError``, tsfile's
+``OOMError``: a :class:`~tsfile_torch.errors.ResourceError`), open files (``EMFILE``), any OS
+error, a timeout, a store's error while fetching a URL. :func:`damage_remembered` looks at the
+error and every error it was raised from.
+
 The file is anything with a ``name``, an ``index_key`` and ``check_unchanged()``: the
 catalog's ``FileInfo``, which lives above this layer.
 """
@@ -28,8 +35,8 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from tsfile_torch.errors import RemoteError, TsFileFormatError
-from tsfile_torch.native.errors import native_call
+from tsfile_torch.errors import RemoteError, ResourceError, TsFileFormatError
+from tsfile_torch.native.errors import MEMORY_ERRORS, native_call
 from tsfile_torch.sources.content import remember
 
 __all__ = ["CheckedFile", "announced", "damage_remembered", "guarded_call"]
@@ -66,10 +73,10 @@ def announced(
 def damage_remembered(file: CheckedFile) -> Iterator[None]:
     """Remember ``file`` as damaged when the block raises TsFileFormatError while the file is
     unchanged (step 5 of the module note). Not remembered: a change (its own error replaces the
-    first one), an OS error (too many open files, an I/O error) and a store's error while
-    fetching a URL (a RemoteError raised from the client's exception: access denied, throttled,
-    unreachable), none of which says anything about the file's bytes. Nested blocks remember an
-    error once."""
+    first one), what ran out (Note: damage and exhaustion: memory, an OS error such as too many
+    open files or an I/O error, a timeout) and a store's error while fetching a URL (a
+    RemoteError raised from the client's exception: access denied, throttled, unreachable), none
+    of which says anything about the file's bytes. Nested blocks remember an error once."""
     try:
         yield
     except TsFileFormatError as err:
@@ -81,9 +88,27 @@ def damage_remembered(file: CheckedFile) -> Iterator[None]:
 
 
 def _is_damage(err: TsFileFormatError) -> bool:
-    if getattr(err, "errno", None) is not None or isinstance(err.__cause__, OSError):
+    if getattr(err, "errno", None) is not None:
         return False
-    return not (isinstance(err, RemoteError) and err.__cause__ is not None)
+    if isinstance(err, RemoteError) and err.__cause__ is not None:
+        return False
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:  # the error and all it came from
+        if isinstance(cause, _EXHAUSTION):
+            return False
+        seen.add(id(cause))
+        cause = cause.__cause__
+    return True
+
+
+#: What running out of something raises (Note: damage and exhaustion).
+_EXHAUSTION: tuple[type[BaseException], ...] = (
+    *MEMORY_ERRORS,
+    ResourceError,
+    OSError,
+    TimeoutError,
+)
 
 
 def guarded_call(

@@ -41,15 +41,25 @@ waits for the decodes ahead running then (``os.register_at_fork``: they run thro
 reader's gate, which the forking thread closes before the fork and reopens after; two threads
 may fork at once), and the child drops what every reader copied (pools without threads, pending
 decodes) and starts its own threads when it reads. The caller's own decode threads are idle
-whenever its thread forks."""
+whenever its thread forks.
+
+Note: an error stops its read-ahead. A read that raises (a damaged block, memory run out, a
+KeyboardInterrupt) first cancels the decodes ahead that no thread has started and waits for the
+running ones (:func:`stopping_on_error` on the reader's reads, :meth:`ReadAhead.stop`), and a
+read's own decode threads are all waited for before one's error is raised: no decode runs on
+in the background once the error has reached the caller (a process ending on that error would
+tear down the interpreter under a native decode; seen as a SIGSEGV under ``ulimit -v``). A
+thread that cannot start (``can't start new thread``: memory short) is no error either: the
+read decodes in its own thread and this reader stops decoding ahead."""
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 from tsfile_torch.catalog.build import ReadGroup
 from tsfile_torch.errors import TsFileTorchError
@@ -57,7 +67,7 @@ from tsfile_torch.pids import usable_cpus
 from tsfile_torch.read.blockcache import Block
 from tsfile_torch.read.openfiles import OpenFiles
 
-__all__ = ["FIRST_BLOCK_ROWS", "ReadAhead", "local_rows"]
+__all__ = ["FIRST_BLOCK_ROWS", "ReadAhead", "local_rows", "stopping_on_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +82,21 @@ def local_rows(group: ReadGroup, start_row: int, stop_row: int) -> tuple[int, in
         max(start_row, group.start_row) - group.start_row,
         min(stop_row, group.stop_row) - group.start_row,
     )
+
+
+def stopping_on_error(read):
+    """Decorate a reader's read method: an error it raises first stops the reader's read-ahead
+    (Note: an error stops its read-ahead)."""
+
+    @functools.wraps(read)
+    def stopping(reader, *args, **kwargs):
+        try:
+            return read(reader, *args, **kwargs)
+        except BaseException:
+            reader.ahead.stop()
+            raise
+
+    return stopping
 
 
 class ReadAhead:
@@ -112,6 +137,8 @@ class ReadAhead:
         self.next_pass = False
         self.first: dict[int, int] = {}  # group -> the block this pass began with
         self.next: dict[tuple[int, int], tuple[Future, int]] = {}  # the next pass's blocks
+        #: a thread could not start (memory short): decode in the caller's thread from now on
+        self.threadless = False
 
     def holds(self, key) -> bool:
         """Whether block ``key`` is being decoded ahead or was decoded small."""
@@ -189,17 +216,42 @@ class ReadAhead:
         del self.pending[key]
         return True
 
-    def _decode_all(self, plans: list):
-        """Yield (key, block) for planned reads (key, plan), on the decode threads when there
-        are several of both (plans are made in the calling thread: opens, indexes)."""
+    def _decode_all(self, plans: list) -> list:
+        """Return [(key, block)] for planned reads (key, plan), decoded on the decode threads
+        when there are several of both (plans are made in the calling thread: opens, indexes).
+        One decode's error is raised once every other decode has ended (Note: an error stops
+        its read-ahead)."""
         r = self.reader
-        if len(plans) > 1 and r.decode_threads > 1:
-            if self.decode_pool is None:
-                name = "tsfile-decode"
-                self.decode_pool = ThreadPoolExecutor(r.decode_threads, thread_name_prefix=name)
-            yield from self.decode_pool.map(lambda kp: (kp[0], r.decoder.decode(kp[1])), plans)
-        else:
-            yield from ((key, r.decoder.decode(plan)) for key, plan in plans)
+        if len(plans) < 2 or r.decode_threads < 2 or self.threadless:
+            return [(key, r.decoder.decode(plan)) for key, plan in plans]
+        if self.decode_pool is None:
+            name = "tsfile-decode"
+            self.decode_pool = ThreadPoolExecutor(r.decode_threads, thread_name_prefix=name)
+        futures: list[Future] = []
+        try:
+            for _, plan in plans:
+                futures.append(self.decode_pool.submit(r.decoder.decode, plan))
+        except RuntimeError as err:  # can't start new thread: decode here (see the notes)
+            self._threads_failed(err)
+            _settle(futures)
+            return [(key, r.decoder.decode(plan)) for key, plan in plans]
+        try:
+            return [(key, f.result()) for (key, _), f in zip(plans, futures, strict=True)]
+        except BaseException:
+            _settle(futures)
+            raise
+
+    def _threads_failed(self, err: RuntimeError) -> None:
+        """A thread of a pool could not start: cancel what no thread started, decode in the
+        caller's thread from now on (Note: an error stops its read-ahead)."""
+        logger.debug("read-ahead off: a decode thread could not start (%s)", err)
+        self.threadless = True
+        for pool in (self.pool, self.decode_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)  # running ones are waited for
+        for into in (self.pending, self.next):
+            for key in [k for k, (f, _) in into.items() if f.cancelled()]:
+                del into[key]
 
     def decode_ahead(self, gi: int, b: int, for_next: bool = False) -> bool:
         """Start decoding block ``b`` of group ``gi`` in the background (``for_next``: for the
@@ -214,7 +266,7 @@ class ReadAhead:
             return False
         if key in into or (key in r.cache and not for_next):
             return True
-        if not self._background(group.file_index):
+        if not self._background(group.file_index) or self.threadless:
             return True
         nbytes = (hi - lo) * (len(group.columns) * r.dtype.itemsize + 8)
         pending = sum(n for _, n in [*self.pending.values(), *self.next.values()])
@@ -225,7 +277,10 @@ class ReadAhead:
         if self.pool is None:
             threads = max(1, min(r.decode_threads, usable_cpus() - 1))
             self.pool = ThreadPoolExecutor(threads, thread_name_prefix="tsfile-read-ahead")
-        into[key] = (self.pool.submit(self._decode_gated, gi, lo, hi, span, files), nbytes)
+        try:
+            into[key] = (self.pool.submit(self._decode_gated, gi, lo, hi, span, files), nbytes)
+        except RuntimeError as err:  # can't start new thread: no more decoding ahead
+            self._threads_failed(err)
         return True
 
     def _decode_gated(self, gi: int, lo: int, hi: int, span, files: OpenFiles) -> Block | None:
@@ -266,7 +321,7 @@ class ReadAhead:
         """Return block ``key`` if it is being decoded ahead (waiting for it), stored."""
         r = self.reader
         pending = self.pending.pop(key, None)
-        if pending is None:
+        if pending is None or pending[0].cancelled():
             return None
         block = pending[0].result()  # a failed decode raises here, as it would have inline
         if block is not None:
@@ -310,7 +365,7 @@ class ReadAhead:
             if not future.cancel():
                 try:
                     block = future.result()
-                except (TsFileTorchError, OSError):  # never asked for: a read would raise it
+                except (TsFileTorchError, OSError, MemoryError):  # never asked for
                     continue
                 if block is not None:
                     r.cache.recycle(block)
@@ -318,6 +373,23 @@ class ReadAhead:
             self.small_first = False  # a pass has read: later passes decode whole blocks
         self.begun.clear()
         self.first.clear()
+
+    def stop(self) -> None:
+        """A read raised: cancel the decodes ahead that no thread has started, wait for the
+        running ones and drop what they decoded (Note: an error stops its read-ahead); the
+        reader can read on (it decodes what it needs, and decodes ahead again after that)."""
+        r = self.reader
+        ahead = [*self.pending.values(), *self.next.values()]
+        self.pending, self.next = {}, {}
+        self.later.clear()
+        for head in self.heads.values():
+            r.cache.recycle(head)
+        self.heads.clear()
+        for future, _ in ahead:
+            future.cancel()
+        for future in _settle([f for f, _ in ahead]):
+            if future.result() is not None:
+                r.cache.recycle(future.result())
 
     def close(self) -> None:
         """Stop decoding ahead (the reader closes)."""
@@ -335,6 +407,15 @@ class ReadAhead:
         self.pool = self.decode_pool = None  # their threads are the parent's
         self.pending, self.next = {}, {}  # decodes no thread here will finish
         self.later.clear()
+
+
+def _settle(futures: list[Future]) -> list[Future]:
+    """Cancel ``futures`` not started, wait for the running ones; return those that ended
+    with a result (their errors are dropped: an error is on its way to the caller already)."""
+    for future in futures:
+        future.cancel()
+    wait(futures)
+    return [f for f in futures if not f.cancelled() and f.exception() is None]
 
 
 class _Gate:

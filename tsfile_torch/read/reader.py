@@ -35,7 +35,7 @@ from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.decode import GroupDecoder, misaligned
 from tsfile_torch.read.exchange import fill_cache
 from tsfile_torch.read.openfiles import OpenFiles
-from tsfile_torch.read.readahead import FIRST_BLOCK_ROWS, ReadAhead
+from tsfile_torch.read.readahead import FIRST_BLOCK_ROWS, ReadAhead, stopping_on_error
 from tsfile_torch.read.readahead import local_rows as _local_rows
 from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE
 
@@ -379,6 +379,7 @@ class BatchReader:
             yield group.start_row + need_lo - start_row, need_lo - lo, need_hi - lo, data, b
 
     # -- assembly ---------------------------------------------------------------------------
+    @stopping_on_error  # Note: an error stops its read-ahead
     def read(
         self,
         start_row: int,
@@ -441,6 +442,7 @@ class BatchReader:
             self.ahead.after_read(groups, start_row, stop_row)
         return out, times
 
+    @stopping_on_error
     def take(self, rows: np.ndarray, view: RowView | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Gather rows ``rows`` (any order, repeats allowed) of every column of ``view``.
 
