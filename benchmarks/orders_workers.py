@@ -17,7 +17,7 @@ workers. Every batch is summed, so the values are touched as a training step wou
 ``--torch-threads 1`` gives the consumer one intra-op thread, as ``docs/performance.md``
 advises beside DataLoader workers on a small machine. ``--workers 0 1 2 4 8 --caches none
 --orders sequential shuffle --rows 1048576 --plot scaling.png`` measures how streaming scales
-with workers on a machine with more cores (``benchmarks/RESULTS.md``, 16 cores).
+with workers on a machine with more cores (``benchmarks/RESULTS.md``, "Decode threads per process").
 """
 
 from __future__ import annotations

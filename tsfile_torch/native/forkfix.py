@@ -24,8 +24,8 @@ Note: native pool size. tsfile sizes that pool at 6 threads in every process, wh
 on 2 cores, sequential streaming epochs with ``num_workers=0`` were 0.89x as long with a pool of 2
 threads as with 6, and with 2 DataLoader workers 0.92x as long with 1 thread each as with 6 each
 (12 threads on 2 cores; medians of 14 pairs of processes, the smaller pool faster in every pair:
-``benchmarks/RESULTS.md``, tenth session). So the first reader each process opens through
-tsfile-torch first sizes the pool to that process's share of the machine,
+``benchmarks/RESULTS.md``, "tsfile's native pool sized per process"). So the first reader each
+process opens through tsfile-torch first sizes the pool to that process's share of the machine,
 :func:`tsfile_torch.pids.cpu_share` (the usable CPUs over the workers times the ranks on the
 machine), at most tsfile's own 6: through ``common::set_thread_count`` (tsfile's header: it
 rebuilds an existing pool at once, "the caller must ensure no read/write is concurrently using the

@@ -700,7 +700,7 @@ def decode_threads(options: ReadOptions) -> int:
     of N DataLoader workers (1 where there are no more CPUs than workers), divided again by the
     ranks on this machine where torchrun says (``LOCAL_WORLD_SIZE``). One thread per worker
     left 2 workers on 16 cores 1.16x slower than 0 workers, which decode on 4 threads
-    (``benchmarks/RESULTS.md``, 16 cores)."""
+    (``benchmarks/RESULTS.md``, "Decode threads per process")."""
     if options.decode_threads is not None:
         return options.decode_threads
     return cpu_share(4)
