@@ -78,14 +78,15 @@ __all__ = [
 
 #: The effects by name (see the module notes).
 EFFECTS = ("fork_fix", "native_pool", "malloc", "worker_reports", "crash_report", "parent_guard")
-#: Versions each effect was tested on; elsewhere the effect stays off.
+#: Versions each effect was tested on. The fork fix and the pool size act on another tsfile only
+#: once a self-test proved them (Note: fork fix self-test in tsfile_torch.native.forkfix).
 TESTED_ON = {
-    "fork_fix": f"tsfile {', '.join(forkfix.TESTED_VERSIONS)} (Linux)",
-    "native_pool": f"tsfile {', '.join(forkfix.TESTED_VERSIONS)} (Linux)",
+    "fork_fix": f"tsfile {', '.join(forkfix.TESTED_VERSIONS)} (Linux); others: self-test",
+    "native_pool": f"tsfile {', '.join(forkfix.TESTED_VERSIONS)} (Linux); others: self-test",
     "malloc": malloc.TESTED_ON,
     "worker_reports": "torch 2.1 to 2.13 (its SIGCHLD handler)",
     "crash_report": "CPython 3.10 to 3.13 (faulthandler)",
-    "parent_guard": "Linux (prctl)",
+    "parent_guard": "Linux (prctl); elsewhere a watchdog thread",
 }
 _on = {name: True for name in EFFECTS}
 _on["worker_reports"] = _on["worker_reports"] and hasattr(signal, "SIGCHLD")
@@ -122,8 +123,25 @@ def enable(*names: str) -> None:
 
 
 def enabled(name: str) -> bool:
-    """Return whether effect ``name`` is on."""
-    return _on[_check([name])[0]]
+    """Return whether effect ``name`` is on: switched on and able to act here (the fork fix and
+    the pool size on this tsfile and platform, malloc tuning where glibc is)."""
+    name = _check([name])[0]
+    if not _on[name]:
+        return False
+    if name in ("fork_fix", "native_pool"):
+        return forkfix.fork_safe() and (name == "fork_fix" or forkfix.size_pool)
+    if name == "malloc":
+        return malloc.enabled and _has_mallopt()
+    return True
+
+
+@functools.cache
+def _has_mallopt() -> bool:
+    """Whether glibc's ``mallopt`` is there for malloc tuning (Linux with glibc)."""
+    try:
+        return hasattr(ctypes.CDLL("libc.so.6"), "mallopt")
+    except OSError:
+        return False
 
 
 # -- in the main process, while a loader runs ---------------------------------------------------
@@ -304,17 +322,24 @@ def start_worker(parent_pid: int, started_from_main_thread: bool) -> None:
         _guard_parent(parent, started_from_main_thread or parent != parent_pid)
 
 
+def _prctl():
+    """Return libc's ``prctl`` where the platform has it (Linux), else None: the parent guard
+    then watches the parent from a thread (docs/performance.md, platforms)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return getattr(ctypes.CDLL(None, use_errno=True), "prctl", None)
+    except (OSError, TypeError):
+        return None
+
+
 def _guard_parent(parent_pid: int, use_prctl: bool) -> None:
     _end_cleanly_on_sigterm()
-    if use_prctl:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            if libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0:
-                if os.getppid() != parent_pid:  # it died before prctl
-                    _end_terminated()
-                return
-        except (OSError, AttributeError):
-            pass
+    prctl = _prctl() if use_prctl else None
+    if prctl is not None and prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0) == 0:
+        if os.getppid() != parent_pid:  # it died before prctl
+            _end_terminated()
+        return
 
     def watch() -> None:
         while True:
