@@ -24,7 +24,6 @@ from tsfile_torch import (
     ResourceError,
     TsFileFormatError,
     TsFileIterableDataset,
-    make_loader,
     synthetic,
 )
 from tsfile_torch.native.errors import native_call
@@ -164,17 +163,6 @@ def test_a_worker_out_of_memory_is_a_clear_error_and_no_verdict(
     assert "ran out of memory" in raised[-1], raised[-1]
     ds = TsFileIterableDataset(long_dir, batch_size=8192, on_damaged="skip")  # none remembered
     assert ds.skipped == [] and len(ds.core.catalog.files) == SPEC.num_files
-
-
-def test_make_loader_timeout_without_workers_names_the_argument(small_dir):
-    ds = TsFileIterableDataset(small_dir, batch_size=1000)
-    with pytest.raises(ValueError, match=r"timeout=60 .*num_workers=0"):
-        make_loader(ds, num_workers=0, timeout=60)
-    with pytest.raises(ValueError, match="timeout should be a finite number"):
-        make_loader(ds, num_workers=1, timeout=-1)
-    with pytest.raises(TypeError, match="timeout should be a number"):
-        make_loader(ds, num_workers=1, timeout="60")
-    assert len(list(make_loader(ds, num_workers=0, timeout=0))) == 5
 
 
 _SHM_CHILD = """

@@ -601,6 +601,13 @@ def windows_for(
                 f"{family.config}.lags_sequence is empty; give it at least one lag (default: "
                 f"[1, ..., 7])"
             )
+        bad = [lag for lag in lags if isinstance(lag, bool) or not isinstance(lag, int) or lag < 1]
+        if bad:
+            raise ValueError(
+                f"{family.config}.lags_sequence={lags}: every lag must be a whole number >= 1 "
+                f"(lag 1 is the step before; 0 would be the value itself and a negative lag a "
+                f"future value); got {bad}"
+            )
         past = context + max(lags)
     time_features = window_options.get("time_features") or []
     if not family.lags and time_features:
@@ -628,6 +635,12 @@ def windows_for(
             **window_options,
         )  # fmt: skip
     except SchemaError as err:
+        if family.lags and past > context and "no device has" in str(err):  # a long lag
+            raise SchemaError(
+                f"{family.config}: a window reads context_length {context} + max(lags_sequence) "
+                f"{past - context} + prediction_length {horizon} = {past + horizon} rows, and "
+                f"{err}; lower the largest lag (lags_sequence) or context_length"
+            ) from err
         if family.no_future_mask and future_missing == "drop" and "max_future_missing" in str(err):
             raise SchemaError(
                 f"every window has a missing target value in its horizon, and {family.model} "

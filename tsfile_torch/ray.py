@@ -160,6 +160,7 @@ def read_tsfile(
         TsFileFormatError, SchemaError, MappingError, ValueError, TypeError: as the datasets,
         when the dataset is built on the driver; a read task raises them naming the file.
     """
+    _check_remote_args(ray_remote_args)
     source = TsFileDatasource(sources, columns, override_num_blocks, **read_options)
     return ray.data.read_datasource(
         source, override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args
@@ -195,12 +196,21 @@ def read_tsfile_windows(
     Raises:
         As the window dataset when built on the driver; a read task raises naming the file.
     """
+    _check_remote_args(ray_remote_args)
     source = TsFileWindowDatasource(
         sources, context_length, *window, override_num_blocks=override_num_blocks, **window_options
     )
     return ray.data.read_datasource(
         source, override_num_blocks=override_num_blocks, ray_remote_args=ray_remote_args
     )
+
+
+def _check_remote_args(ray_remote_args) -> None:
+    if ray_remote_args is not None and not isinstance(ray_remote_args, dict):
+        raise TypeError(
+            f"ray_remote_args should be a dict of Ray task options such as {{'num_cpus': 2}}, "
+            f"but got ray_remote_args={ray_remote_args!r}"
+        )
 
 
 def stack_columns(columns: Sequence[str], dtype="float32") -> StackColumns:
