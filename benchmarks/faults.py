@@ -188,6 +188,10 @@ def corpus() -> list[Case]:
         )
     for kind in ("iterable", "rows"):
         add("worker-two-loaders-at-once", "worker_race", (kind,), (2,), expect="exact")
+    # running out is not damage (issue 42): a clear error naming what ran out, no verdict kept
+    add("memory-short-in-a-worker", "exhaustion", ("rows",), (1,), expect="exact",
+        args={"what": "memory"})  # fmt: skip
+    add("dev-shm-full", "exhaustion", ("rows",), (1,), expect="clear", args={"what": "shm"})
     return cases
 
 
@@ -976,6 +980,74 @@ def scenario_worker_race(case: Case, data: Path, work: Path) -> dict:
     return {"rows": rows, "detail": "3 rounds: one 'already being iterated' error, one exact"}
 
 
+def _tight_memory(worker_id: int) -> None:
+    """A worker's address space: what it has now and 4 MiB (``ulimit -v`` in the worker)."""
+    import resource
+
+    with open("/proc/self/statm") as fh:
+        pages = int(fh.read().split()[0])
+    limit = pages * os.sysconf("SC_PAGE_SIZE") + (4 << 20)
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+
+
+_SHM_CHILD = """
+import os, sys
+from tsfile_torch import ResourceError, TsFileDataset, make_loader
+ds = TsFileDataset(sys.argv[1], batch_size=30000, block_rows=30000)  # about 1 MiB a batch
+try:
+    for batch in make_loader(ds, num_workers=1, timeout=60):
+        pass
+    print("READ")
+except ResourceError as err:
+    print("ERROR", str(err).strip().splitlines()[-1])
+print("LEFT", len(os.listdir("/dev/shm")))
+"""
+
+
+def scenario_exhaustion(case: Case, data: Path, work: Path) -> dict:
+    """Memory or /dev/shm run out (issue 42). ``memory``: a worker under a 4 MiB address-space
+    margin must end in an error naming memory (a ResourceError, or a WorkerError under the
+    tree's ``ulimit -v``), after which a build with ``on_damaged="skip"`` keeps the file and
+    reads it exactly (nothing was remembered as damage). ``shm``: a private 512 KiB tmpfs on
+    /dev/shm (``unshare -m``, root only): a ResourceError naming /dev/shm, nothing left there."""
+    import resource
+
+    from tsfile_torch import TsFileTorchError, make_loader
+
+    path = str(_copy(data / "base/part000.tsfile", work))
+    if case.args["what"] == "shm":
+        mount = "mount -t tmpfs -o size=512k tmpfs /dev/shm"
+        command = f"{mount} && {sys.executable} -c '{_SHM_CHILD}' {path}"
+        done = subprocess.run(
+            ["unshare", "-m", "sh", "-c", command], capture_output=True, text=True, timeout=120
+        )
+        lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+        if done.returncode or "ERROR" not in lines:
+            raise Missed(f"status {done.returncode}: {done.stdout[-300:]} {done.stderr[-300:]}")
+        if lines.get("LEFT") != "0":
+            raise Wrong(f"{lines.get('LEFT')} names left in /dev/shm")
+        raise TsFileTorchError(lines["ERROR"])
+    vm = int(open("/proc/self/statm").read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    resource.setrlimit(resource.RLIMIT_AS, (vm + (4 << 30), vm + (4 << 30)))
+    loader = make_loader(
+        _dataset(case.kind, path), num_workers=1, timeout=60, worker_init_fn=_tight_memory
+    )
+    try:
+        for _ in loader:
+            pass
+    except TsFileTorchError as err:
+        if "out of memory" not in str(err):
+            raise Missed(f"an error that does not name memory: {str(err)[-300:]}") from err
+    else:
+        raise Missed("the worker read everything within 4 MiB")
+    del loader
+    judge = Judge(data / "truth.npz", "base")
+    ds = _dataset(case.kind, path, on_damaged="skip")
+    if ds.skipped:
+        raise Wrong(f"memory run out was remembered as damage: {ds.skipped}")
+    return {"rows": read_all(ds, case.kind, judge, 0), "detail": "memory named, not remembered"}
+
+
 SCENARIOS = {
     name[len("scenario_") :]: fn  # noqa: E203
     for name, fn in dict(globals()).items()
@@ -995,6 +1067,8 @@ def _names_of(case: Case) -> list[str]:
         return ["faults-manifest/part000.tsfile: content differs from the manifest"]
     if case.scenario == "skip":
         return ["part0"]
+    if case.scenario == "exhaustion":
+        return ["/dev/shm has"]
     return [".tsfile"]
 
 
