@@ -97,7 +97,7 @@ def test_unknown_column_is_a_schema_error(small_dir):
         ({"validate": 1}, TypeError, r"validate should be True, False or 'full'"),
         ({"columns": []}, ValueError, r"columns must be None or a non-empty list"),
         ({"columns": [3]}, TypeError, r"columns must be names or glob patterns \(str\); got 3"),
-        ({"order": "sorted"}, ValueError, r"order must be one of 'sequential', 'batches'"),
+        ({"order": "sorted"}, ValueError, r"order must be one of 'sequential', 'stretches'"),
         ({"shuffle": True, "order": "sequential"}, ValueError, r"contradicts order='sequential'"),
         ({"nonsense": 1}, TypeError, r"nonsense"),
     ],
@@ -136,7 +136,7 @@ def test_loader_rejects_a_batch_size_and_bad_worker_counts(small_dir):
         make_loader(ds, batch_size=4)
     with pytest.raises(ValueError, match="num_workers=-1"):
         make_loader(ds, num_workers=-1)
-    with pytest.raises(ValueError, match=r"shuffle belongs to the dataset: .*shuffle=True"):
+    with pytest.raises(ValueError, match=r"shuffle=True belongs to the dataset: .*shuffle=True"):
         make_loader(ds, shuffle=True)
     with pytest.warns(UserWarning, match="exceeds the 1 batches"):
         make_loader(ds, num_workers=2)

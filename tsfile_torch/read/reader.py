@@ -523,10 +523,11 @@ def read_times(reader: BatchReader, columns: tuple[int, ...]) -> Iterator[np.nda
         group = view.groups[gi]
         if len(times) != group.num_rows:
             name = reader.catalog.files[group.file_index].name
-            raise TsFileFormatError(
-                f"{name}: device {'.'.join(map(str, group.device))} has {len(times)} "
-                f"timestamps where its metadata counts {group.num_rows} rows; the file is "
-                f"damaged or changed; {SKIP_HINT}"
+            raise TsFileFormatError(  # worded as the timeline index's (Note: whole time column)
+                f"{name}: device {'.'.join(map(str, group.device))}: the time column read from "
+                f"row 0 (time {group.start_time}) to time {group.end_time} returned "
+                f"{len(times)} timestamps, which disagrees with the metadata's {group.num_rows} "
+                f"rows ending at {group.end_time}; the file is damaged or changed; {SKIP_HINT}"
             )
         yield times
 
