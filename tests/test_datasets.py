@@ -266,7 +266,7 @@ def test_map_style_dataset_with_distributed_sampler_splits_batches(
 
 def test_make_loader_refuses_shuffle_the_order_belongs_to_the_dataset(small_dir):
     ds = TsFileDataset(small_dir, batch_size=1000)
-    with pytest.raises(ValueError, match="shuffle belongs to the dataset"):
+    with pytest.raises(ValueError, match="shuffle=True belongs to the dataset"):
         make_loader(ds, shuffle=True)
 
 
