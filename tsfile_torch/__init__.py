@@ -32,6 +32,7 @@ _PUBLIC = {
     "collate_windows": "tsfile_torch.data.windows",
     "Normalizer": "tsfile_torch.data.normalize",
     "DeviceNormalizer": "tsfile_torch.data.normalize",
+    "CacheDirError": "tsfile_torch.errors",
     "CacheMismatchWarning": "tsfile_torch.errors",
     "MappingError": "tsfile_torch.errors",
     "RemoteError": "tsfile_torch.errors",

@@ -70,10 +70,12 @@ class CacheDirError(TsFileTorchError):
 
 
 class CacheMismatchWarning(UserWarning):
-    """A block of the decoded disk cache failed its checksum or checks: it was decoded again.
+    """A cache entry failed its seal or checks: it was read from the source again.
 
-    The message names the cache entry file (the TsFile is not at fault). Turn it into an error
-    with ``warnings.simplefilter("error", CacheMismatchWarning)``.
+    A block of the decoded disk cache (decoded again), a saved timeline index (learned again)
+    or the local copy of a URL source (downloaded again). The message names the cache entry
+    file (the TsFile is not at fault). Turn it into an error with
+    ``warnings.simplefilter("error", CacheMismatchWarning)``.
     """
 
 
