@@ -136,3 +136,29 @@ def test_lightning_example_trains_two_epochs_and_validates(tmp_path, capsys):
     assert len(history) == 2 and all(math.isfinite(v) for h in history for v in h.values())
     assert history[1]["train_loss"] < history[0]["train_loss"]
     assert result["epoch"] == 1  # the window order followed Lightning's epochs
+
+
+@pytest.mark.slow  # fine-tunes four models
+def test_foundation_example_fine_tunes_each_model_and_scores_it_against_naive(tmp_path, capsys):
+    pytest.importorskip("chronos")
+    pytest.importorskip("gluonts.torch")
+    import transformers
+
+    module = runpy.run_path(str(EXAMPLES / "foundation_finetune.py"))
+    plot = tmp_path / "errors.png"
+    results = module["main"](
+        ["--data", str(tmp_path / "meters"), "--steps", "5", "--plot", str(plot)]
+    )
+    out = capsys.readouterr().out
+    expected = ["chronos-bolt", "chronos-2", "deepar"]
+    if hasattr(transformers, "TimesFm2_5ModelForPrediction"):
+        expected.insert(2, "timesfm-2.5")
+        assert "timesfm-2.5: left out" in out  # windows with a hole, said
+    assert list(results) == expected
+    for name, r in results.items():
+        assert re.search(rf"^{re.escape(name)} +{r['windows']} +\d+\.\d{{3}}", out, re.M)
+        assert r["windows"] > 0 and math.isfinite(r["mae"]) and math.isfinite(r["naive"])
+    # the Chronos families and DeepAR forecast from every hour of the validation days
+    assert results["chronos-bolt"]["windows"] == results["deepar"]["windows"]
+    assert results["chronos-bolt"]["naive"] == pytest.approx(results["deepar"]["naive"])
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
