@@ -150,16 +150,13 @@ def test_a_changed_index_cache_entry_is_rebuilt_and_no_file_is_called_damaged(
     np.testing.assert_array_equal(_read_all(_dataset(data, index_cache=str(index))), _want())
 
 
-@pytest.fixture
-def s3_file(s3_server, tmp_path):
-    """``(url, local file)``: one 30,000-row file of four fields uploaded to a bucket of its
-    own (single-part: its ETag is the MD5 of its bytes)."""
+@pytest.fixture(scope="module")
+def file_30k(tmp_path_factory):
+    """One 30,000-row file of four fields (``flip_value_byte``'s measured layout)."""
     spec = synthetic.DatasetSpec(num_files=1, devices_per_file=1, fields_per_device=4)
     spec = synthetic.DatasetSpec(**{**spec.__dict__, "num_rows": 30000})
-    (path,) = synthetic.write_table_files(tmp_path / "data", spec)
-    bucket = f"copies-{os.getpid()}-{len(os.listdir(tmp_path))}-{tmp_path.name[-12:]}".lower()
-    s3_server.upload(bucket, tmp_path / "data")
-    return f"s3://{bucket}/{os.path.basename(path)}", path
+    (path,) = synthetic.write_table_files(tmp_path_factory.mktemp("copies"), spec)
+    return path
 
 
 def _change(copy: str, how: str, flip_value_byte) -> None:
@@ -172,31 +169,67 @@ def _change(copy: str, how: str, flip_value_byte) -> None:
         os.utime(copy, ns=(st.st_atime_ns, st.st_mtime_ns))
 
 
-@pytest.mark.parametrize(
-    "how", ["bytes changed in place", "bytes changed, mtime restored", "touched"]
-)
-def test_a_local_copy_changed_after_download_is_fetched_again(
-    s3_server, s3_file, tmp_path, private_cache, flip_value_byte, how
-):
-    url, path = s3_file
-    options = {"storage_options": s3_server.storage_options, "cache_dir": str(tmp_path / "cache")}
-    want = TsFileDataset(path, batch_size=30000)[0].numpy()
-    first = TsFileDataset(url, batch_size=30000, **options)
-    np.testing.assert_array_equal(first[0].numpy(), want)
-    copy = first.catalog.files[0].source.cache_path
-    bucket, key = url[len("s3://") :].split("/", 1)
-    gets = s3_server.object_gets(bucket, key)
-    _change(copy, how, flip_value_byte)
+def _read_again(url: str, want, **options) -> tuple[list[str], object]:
+    """Build a dataset over ``url`` and check its rows; return the CacheMismatchWarnings."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         again = TsFileDataset(url, batch_size=30000, **options)  # its metadata: from the copy
         np.testing.assert_array_equal(again[0].numpy(), want)
-    mismatches = [str(w.message) for w in caught if issubclass(w.category, CacheMismatchWarning)]
+    _not_damaged(again)
+    return [str(w.message) for w in caught if issubclass(w.category, CacheMismatchWarning)]
+
+
+@pytest.mark.parametrize("how", ["bytes changed in place", "bytes changed, mtime restored"])
+def test_a_local_copy_changed_after_download_is_fetched_again(
+    file_30k, tmp_path, private_cache, flip_value_byte, monkeypatch, how
+):
+    """A store without a checksum (memory://): a copy that moved cannot be re-checked, so it is
+    fetched again."""
+    import fsspec
+
+    from tsfile_torch.sources import remote
+
+    url = f"memory://copies-{tmp_path.name}/part.tsfile"
+    fsspec.filesystem("memory").pipe(url[len("memory://") - 1 :], open(file_30k, "rb").read())
+    downloads = []
+    real = remote._download
+    monkeypatch.setattr(remote, "_download", lambda r, t: (downloads.append(t), real(r, t)))
+    want = TsFileDataset(file_30k, batch_size=30000)[0].numpy()
+    first = TsFileDataset(url, batch_size=30000, cache_dir=str(tmp_path / "cache"))
+    np.testing.assert_array_equal(first[0].numpy(), want)
+    source = first.catalog.files[0].source
+    copy = source.cache_path
+    assert downloads == [copy]
+    _change(copy, how, flip_value_byte)
+    mismatches = _read_again(url, want, cache_dir=str(tmp_path / "cache"))
+    assert len(mismatches) == 1, mismatches
+    assert f"local copy {copy} of {source.url} changed since it was downloaded" in mismatches[0]
+    assert downloads == [copy, copy]  # fetched again
+
+
+@pytest.mark.slow  # S3 round trips
+@pytest.mark.parametrize("how", ["bytes changed in place", "touched"])
+def test_a_moved_copy_is_checked_against_the_etag_md5(
+    s3_server, file_30k, tmp_path, private_cache, flip_value_byte, how
+):
+    """S3 (a single-part upload: its ETag is the MD5 of the bytes): a copy that moved is hashed
+    again; the same bytes are kept, others fetched again."""
+    bucket = f"copies-{tmp_path.name[-20:]}".lower().replace("_", "-")
+    s3_server.client.create_bucket(Bucket=bucket)
+    s3_server.client.put_object(Bucket=bucket, Key="part.tsfile", Body=open(file_30k, "rb").read())
+    url = f"s3://{bucket}/part.tsfile"
+    options = {"storage_options": s3_server.storage_options, "cache_dir": str(tmp_path / "cache")}
+    want = TsFileDataset(file_30k, batch_size=30000)[0].numpy()
+    first = TsFileDataset(url, batch_size=30000, **options)
+    np.testing.assert_array_equal(first[0].numpy(), want)
+    copy = first.catalog.files[0].source.cache_path
+    gets = s3_server.object_gets(bucket, "part.tsfile")
+    _change(copy, how, flip_value_byte)
+    mismatches = _read_again(url, want, **options)
     if how == "touched":  # the bytes are the ETag's: kept, nothing fetched
-        assert mismatches == [] and s3_server.object_gets(bucket, key) == gets
+        assert mismatches == [] and s3_server.object_gets(bucket, "part.tsfile") == gets
         return
     assert len(mismatches) == 1, mismatches
     assert f"local copy {copy} of {url} changed since it was downloaded" in mismatches[0]
     assert "its bytes differ from the md5 known for it" in mismatches[0]
-    assert s3_server.object_gets(bucket, key) > gets  # fetched again
-    _not_damaged(again)
+    assert s3_server.object_gets(bucket, "part.tsfile") > gets  # fetched again
