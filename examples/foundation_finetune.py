@@ -136,6 +136,7 @@ def deepar(data: str, steps: int, workdir: str) -> tuple[np.ndarray, np.ndarray,
     """Train GluonTS DeepAR on the series before ``SPLIT``; return (median forecasts, truth,
     naive forecasts) from every hour from ``SPLIT`` on, as the windows above."""
     from gluonts.torch import DeepAREstimator
+    from lightning.pytorch.callbacks import TQDMProgressBar
 
     series = TsFileSeriesDataset(data, ["load"], freq=FREQ)
     before, whole = series.split_by_time(SPLIT)
@@ -146,11 +147,12 @@ def deepar(data: str, steps: int, workdir: str) -> tuple[np.ndarray, np.ndarray,
         trainer_kwargs={
             "max_epochs": 1, "enable_progress_bar": True, "enable_model_summary": False,
             "logger": False, "accelerator": "cpu", "default_root_dir": workdir,
+            "callbacks": [TQDMProgressBar()],  # tqdm, as the loops above (not rich's bar)
         },
     )  # fmt: skip
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", "Using a non-tuple sequence", UserWarning)  # gluonts'
-        predictor = estimator.train(before)  # Lightning's progress bar is tqdm's
+        predictor = estimator.train(before)
     entries, truth = [], []
     for entry in whole:
         first = (pd.Period(SPLIT, series.freq) - entry["start"]).n
