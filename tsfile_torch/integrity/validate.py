@@ -19,6 +19,21 @@ One child checks all files in turn, telling the parent which file it is on. If t
 a signal or stops making progress (``timeout`` seconds for one file), the parent names that file,
 starts a new child for the files after it, and goes on. The child is a fork of the caller where
 forked children can read TsFiles (:mod:`tsfile_torch.native.forkfix`), else a fresh interpreter.
+
+Note: a validation child short of memory. Running out of memory says nothing about a file
+(Note: damage and exhaustion in :mod:`tsfile_torch.native.guard`), so it is never a damage
+verdict: a check that fails with a memory error (tsfile's ``OOMError``, ``MemoryError``, a
+ResourceError, ``std::bad_alloc`` anywhere in its chain), or a child that dies (a signal, an
+exit without a verdict) while an address-space limit is set (``ulimit -v``, ``RLIMIT_AS``: the
+parent's, inherited, or the child's own), raises a
+:class:`~tsfile_torch.errors.ResourceError` naming the file, memory and the limit; nothing is
+remembered and ``on_damaged="skip"`` leaves nothing out. Under such a limit tsfile's reader
+aborts (``std::bad_alloc``) or crashes (SIGSEGV, nothing printed) when an allocation fails, so
+a crash there cannot be told from damage: it is told as memory, with the check that tells them
+apart (``tsfile-torch verify`` without the limit). It may also raise its generic "TsFile is
+corrupted" for a failed allocation: a damage verdict found under a limit says so and names the
+limit and that check. The child's stderr is kept in a temporary
+file (and copied to this process's stderr) to see what it said while it died.
 """
 
 from __future__ import annotations
@@ -27,10 +42,12 @@ import contextlib
 import faulthandler
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -39,8 +56,9 @@ import numpy as np
 import pyarrow as pa
 
 from tsfile_torch.catalog.build import build_catalog, chunk_count
-from tsfile_torch.errors import FileProblem, TsFileFormatError
+from tsfile_torch.errors import FileProblem, ResourceError, TsFileFormatError
 from tsfile_torch.native.backend import open_reader
+from tsfile_torch.native.errors import MEMORY_ERRORS, address_space_limit
 from tsfile_torch.native.forkfix import fork_safe
 from tsfile_torch.native.queries import prepare_handles, query_times
 from tsfile_torch.read.reader import BatchReader
@@ -152,17 +170,37 @@ def _check_full(source: Source) -> None:
         reader.close()
 
 
+#: What a dying child's stderr says when an allocation failed (C++, glibc, Python, tsfile).
+_ALLOCATION = re.compile(
+    r"bad_alloc|MemoryError|OOMError|out of memory|[Cc]annot allocate|allocat(e|ion) fail"
+)
+
+
+def _short_of_memory(err: BaseException) -> bool:
+    """Whether ``err`` or an error it came from says memory ran out (a note of the module)."""
+    seen: set[int] = set()
+    cause: BaseException | None = err
+    while cause is not None and id(cause) not in seen:
+        if isinstance(cause, (*MEMORY_ERRORS, ResourceError)) or "bad_alloc" in str(cause):
+            return True
+        seen.add(id(cause))
+        cause = cause.__cause__ or cause.__context__
+    return False
+
+
 def _child(sources: Sequence[Source], mode: str, fd: int) -> None:
-    """Check each source, writing ``{"i": n}`` before and ``{"i": n, "reason": ...}`` after."""
+    """Check each source, writing ``{"i": n, "limit": ...}`` before and ``{"i": n, "reason":
+    ..., "memory": ...}`` after (``limit``: this child's address-space limit)."""
     check = _check_full if mode == "full" else _check_headers
     for i, source in enumerate(sources):
-        os.write(fd, (json.dumps({"i": i}) + "\n").encode())
-        reason = None
+        os.write(fd, (json.dumps({"i": i, "limit": address_space_limit()}) + "\n").encode())
+        reason, memory = None, False
         try:
             check(source)
         except Exception as err:  # noqa: BLE001 - in the child, any failure is this file's
             reason = FileProblem.of(source.name, err).reason
-        os.write(fd, (json.dumps({"i": i, "reason": reason}) + "\n").encode())
+            memory = _short_of_memory(err)
+        os.write(fd, (json.dumps({"i": i, "reason": reason, "memory": memory}) + "\n").encode())
 
 
 def _main() -> None:  # the fresh-interpreter child: python -c "...; _main()" < pickled job
@@ -199,6 +237,7 @@ class _Child:
     def __init__(self, sources: Sequence[Source], mode: str):
         self.proc = None
         self.pid = None
+        self.stderr = tempfile.TemporaryFile()  # what it says while it dies (see the notes)
         if can_fork():
             read_fd, write_fd = os.pipe()
             pid = os.fork()
@@ -206,6 +245,7 @@ class _Child:
                 code = 0
                 try:
                     os.close(read_fd)
+                    os.dup2(self.stderr.fileno(), 2)
                     signal.signal(signal.SIGINT, signal.SIG_DFL)
                     faulthandler.disable()  # a crash here is reported by the parent, by name
                     _child(sources, mode, write_fd)
@@ -222,6 +262,7 @@ class _Child:
                 [sys.executable, "-c", _CHILD_MAIN],
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
+                stderr=self.stderr,
             )
             with self.proc.stdin:
                 pickle.dump((mode, list(sources)), self.proc.stdin)
@@ -254,8 +295,18 @@ class _Child:
         except ProcessLookupError:
             pass
 
+    def said(self, start: int = 0) -> str:
+        """Return what the child wrote to its stderr from byte ``start`` on."""
+        self.stderr.seek(start)
+        return self.stderr.read().decode(errors="replace")
+
+    def said_bytes(self) -> int:
+        """Return how many bytes the child has written to its stderr so far."""
+        return os.fstat(self.stderr.fileno()).st_size
+
     def end(self) -> str:
-        """Reap the child; return how it ended ("exit 0", "signal SIGSEGV", ...)."""
+        """Reap the child, copy its stderr to ours; return how it ended ("exit 0", "signal
+        SIGSEGV", ...)."""
         if self.proc is not None:
             self.proc.stdout.close()
             code = self.proc.wait()
@@ -263,6 +314,11 @@ class _Child:
             os.close(self.fd)
             _, status = os.waitpid(self.pid, 0)
             code = os.waitstatus_to_exitcode(status)
+        with self.stderr:
+            text = self.said()
+        if text:  # where it went before it was kept: a crash's own report stays visible
+            with contextlib.suppress(OSError):
+                os.write(2, text.encode())
         if code < 0:
             try:
                 return f"signal {signal.Signals(-code).name}"
@@ -281,6 +337,10 @@ def validate_sources(
             the child is a fresh interpreter).
         mode: ``"headers"`` or ``"full"`` (see the module docstring).
         timeout: seconds one file may take; ``None`` for a default by mode and file size.
+
+    Raises:
+        ResourceError: the child ran out of memory on a file (Note: a validation child short
+            of memory): no verdict on it.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(map(repr, MODES))}; got {mode!r}")
@@ -295,6 +355,7 @@ def _validate(todo: list[Source], mode: str, timeout: float | None) -> list[File
     while todo:
         child = _Child(todo, mode)
         current, done_upto = None, 0
+        said_from, as_limit = 0, address_space_limit()  # the child's, once it says
         try:
             while True:
                 limit = timeout or _file_timeout(todo[current or 0], mode)
@@ -302,11 +363,17 @@ def _validate(todo: list[Source], mode: str, timeout: float | None) -> list[File
                 if msg is None:
                     break
                 if "reason" in msg:
+                    if msg.get("memory"):
+                        child.kill()
+                        child.end()
+                        raise _memory_error(todo[msg["i"]].name, mode, msg["reason"], as_limit)
                     if msg["reason"] is not None:
-                        problems.append(FileProblem(todo[msg["i"]].name, msg["reason"]))
+                        reason = msg["reason"] + _limit_hint(as_limit)
+                        problems.append(FileProblem(todo[msg["i"]].name, reason))
                     current, done_upto = None, msg["i"] + 1
                 else:
-                    current = msg["i"]
+                    current, said_from = msg["i"], child.said_bytes()
+                    as_limit = msg.get("limit", as_limit)
         except TimeoutError:
             child.kill()
             child.end()
@@ -319,7 +386,16 @@ def _validate(todo: list[Source], mode: str, timeout: float | None) -> list[File
             )
             todo = todo[(current or 0) + 1 :]
             continue
+        said = child.said(said_from)
         ended = child.end()
+        died_on = current if current is not None else done_upto
+        if ended != "exit 0" and died_on < len(todo):
+            limit = as_limit or address_space_limit()
+            if limit is not None or _ALLOCATION.search(said):  # not damage: the module notes
+                what = f"the validation child died ({ended})"
+                if _ALLOCATION.search(said):
+                    what += f" saying {_ALLOCATION.search(said).group(0)!r}"
+                raise _memory_error(todo[died_on].name, mode, what, limit)
         if current is not None:  # the child died while on this file
             problems.append(
                 FileProblem(
@@ -334,6 +410,38 @@ def _validate(todo: list[Source], mode: str, timeout: float | None) -> list[File
         else:
             todo = []
     return problems
+
+
+def _limit_hint(limit: int | None) -> str:
+    """Return what to add to a damage verdict found under an address-space limit ("" without
+    one): tsfile's reader may also call a healthy file corrupted when an allocation fails."""
+    if limit is None:
+        return ""
+    return (
+        f" (found under an address-space limit, RLIMIT_AS / `ulimit -v`, of {limit >> 20} MiB, "
+        f"where tsfile's reader may also report a healthy file as corrupted when an allocation "
+        f"fails: if `tsfile-torch verify` passes the file without the limit, raise the limit)"
+    )
+
+
+def _memory_error(name: str, mode: str, what: str, limit: int | None) -> ResourceError:
+    """Return the ResourceError of a validation child short of memory while checking ``name``
+    (Note: a validation child short of memory)."""
+    if limit is not None:
+        short = (
+            f"the address-space limit (RLIMIT_AS, `ulimit -v`) of {limit >> 20} MiB, which "
+            f"the validation child inherits, is too small for it; raise the limit"
+        )
+    else:
+        short = "this machine's free memory is too small for it; free memory"
+    return ResourceError(
+        f"{name}: validating it ({_DOING[mode]}) ran out of memory: {what}; {short}, or build "
+        f"with validate=False (the dataset's reads still check each block); tsfile's reader "
+        f"aborts or crashes when an allocation fails, so this is no verdict on the file and "
+        f"is not remembered; if memory is ample, check the file with `tsfile-torch verify` "
+        f"(without the limit): a damaged size field can ask for more memory than any machine "
+        f"has"
+    )
 
 
 def check_sources(sources: Sequence[Source]) -> None:

@@ -5,7 +5,8 @@ Three caches keep files on disk for every process of a machine: the local copies
 (:mod:`tsfile_torch.read.diskcache`) and the timeline indexes
 (:mod:`tsfile_torch.read.timeline`). Both byte-bounded ones create an entry under an ``fcntl``
 lock (:func:`file_lock`) and, under a directory-wide lock, first delete the least recently used
-entries until the new one fits in the bound (:func:`make_room`). Last use is an entry's mtime
+entries until the new one fits in the bound (:func:`make_room`). Where ``fcntl`` is missing
+the lock is another kind (Note: lock kinds). Last use is an entry's mtime
 (or its record's): each cache touches an entry when it opens it. Deleting an entry another
 process has open or mapped is safe on POSIX: its data stays until closed.
 
@@ -43,6 +44,7 @@ import os
 import secrets
 import stat
 import tempfile
+import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
@@ -56,6 +58,7 @@ __all__ = [
     "create_file",
     "file_lock",
     "key_id",
+    "lock_kind",
     "mac",
     "make_room",
     "private_dir",
@@ -221,30 +224,72 @@ def _open_lock(path: str) -> int:
     raise OSError(errno.ELOOP, "a symbolic link keeps reappearing at a lock's name", path)
 
 
+def lock_kind() -> str:
+    """Return how :func:`file_lock` locks here (Note: lock kinds): ``"flock"`` (POSIX),
+    ``"msvcrt"`` (Windows) or ``"exclusive-file"`` (neither)."""
+    for module, kind in (("fcntl", "flock"), ("msvcrt", "msvcrt")):
+        try:
+            __import__(module)
+        except ImportError:
+            continue
+        return kind
+    return "exclusive-file"
+
+
+#: seconds between tries while waiting for a lock that cannot be waited on in the kernel
+_LOCK_POLL_S = 0.05
+
+
+def _try_lock(fd: int, blocking: bool) -> bool:
+    """Lock the open lock file ``fd`` (Note: lock kinds); False: held elsewhere, not waited."""
+    try:
+        import fcntl
+    except ImportError:
+        import msvcrt  # Windows: a lock on the file's first byte, released at close
+
+        while True:
+            try:
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                return True
+            except OSError:  # held: LK_LOCK would give up after 10 s, so wait here
+                if not blocking:
+                    return False
+                time.sleep(_LOCK_POLL_S)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def file_lock(path: str, blocking: bool = True) -> Iterator[bool]:
-    """Hold an exclusive ``fcntl`` lock on ``path`` (created if absent) across processes.
+    """Hold an exclusive lock on ``path`` (created if absent) across processes.
 
-    The kernel releases it when the process dies: no stale lock files to clean up. Yields
-    True once held; with ``blocking=False`` it does not wait and yields False when another
-    open file holds it (in this process too: ``flock`` locks belong to an open file). A lock
-    file deleted while this process waited for it (``tsfile-torch cache clear`` deletes free
-    ones, under their lock) is opened again, so two processes never hold two files of one
-    name.
+    Note: lock kinds. Where ``fcntl`` exists, an ``flock``; on Windows, ``msvcrt.locking`` on
+    the file's first byte; both released by the kernel when the process dies: no stale lock
+    files to clean up. Where neither exists, ``path + ".held"`` created ``O_EXCL`` holding the
+    pid (:func:`_exclusive_lock`). :func:`lock_kind` says which one acts. Yields True once
+    held; with ``blocking=False`` it does not wait and yields False when another open file
+    holds it (in this process too: ``flock`` locks belong to an open file). A lock file deleted
+    while this process waited for it (``tsfile-torch cache clear`` deletes free ones, under
+    their lock) is opened again, so two processes never hold two files of one name.
     """
-    import fcntl
-
+    if lock_kind() == "exclusive-file":
+        with _exclusive_lock(path, blocking) as held:
+            yield held
+        return
     while True:
         fd = _open_lock(path)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-        except BlockingIOError:
-            os.close(fd)
-            yield False
-            return
+            locked = _try_lock(fd, blocking)
         except BaseException:
             os.close(fd)
             raise
+        if not locked:
+            os.close(fd)
+            yield False
+            return
         held = os.fstat(fd)
         try:
             now = os.stat(path, follow_symlinks=False)
@@ -257,7 +302,65 @@ def file_lock(path: str, blocking: bool = True) -> Iterator[bool]:
     try:
         yield True
     finally:
+        if lock_kind() == "msvcrt":
+            import msvcrt
+
+            with contextlib.suppress(OSError):
+                msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)  # at close "not at once" on Windows
         os.close(fd)  # closing releases the lock
+
+
+@contextlib.contextmanager
+def _exclusive_lock(path: str, blocking: bool) -> Iterator[bool]:
+    """Hold ``path + ".held"``, created ``O_CREAT | O_EXCL | O_NOFOLLOW`` holding this pid
+    (Note: lock kinds). Stale rule: a held file whose pid is no running process on this
+    machine (a process that died holding it) is removed and taken; one that cannot be read
+    (being written) is waited for."""
+    held = path + ".held"
+    mode = 0o660 if _is_group_share(os.stat(os.path.dirname(path) or ".")) else 0o600
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+    while True:
+        try:
+            fd = os.open(held, flags, mode)
+        except FileExistsError:
+            if _stale(held):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(held)
+                logger.info("%s: its process is gone: a stale lock, removed", held)
+                continue
+            if not blocking:
+                yield False
+                return
+            time.sleep(_LOCK_POLL_S)
+            continue
+        try:
+            os.write(fd, str(os.getpid()).encode())
+        finally:
+            os.close(fd)
+        break
+    try:
+        yield True
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(held)
+
+
+def _stale(held: str) -> bool:
+    """Whether the lock file ``held`` names a process that no longer runs."""
+    try:
+        with open(held, "rb") as fh:
+            pid = int(fh.read(32) or b"0")
+    except (OSError, ValueError):
+        return False  # gone or being written: try again
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OSError):
+        return False  # another user's running process, or no way to ask
+    return False
 
 
 # -- the key and seals (Note: private caches) -------------------------------------------------
