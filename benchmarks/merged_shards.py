@@ -6,7 +6,8 @@ path) and ``interleaved/`` (row ``i`` in file ``i % 3``: every file spans the wh
 series is merged by timestamp, Note: merged shards in ``tsfile_torch.read.merge``). Per layout,
 measured in one run, alternating: the dataset's build (metadata, and for the merge the shards'
 timestamps read and merged; no validation child, no index cache on disk), build + first epoch
-(where the positional path learns its timeline index), a later sequential streaming epoch of
+(where the positional path learns its timeline index; the merged series takes its indexes from
+the timestamps its build read: Note: seeded indexes), a later sequential streaming epoch of
 ``--batch-size``-row batches in the main process, and the merged timeline's memory per row.
 Reports min and median of ``--repeats`` and the ratios interleaved / consecutive; a checksum of
 the values read must agree between the layouts.

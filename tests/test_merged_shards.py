@@ -5,7 +5,10 @@ late-data and three-way overlaps with empty cells; duplicates in each mode, cell
 
 from __future__ import annotations
 
+import os
+import pickle
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -25,6 +28,7 @@ from tsfile_torch import (
 from tsfile_torch.catalog.build import build_catalog
 from tsfile_torch.cli import main
 
+ROOT = Path(__file__).resolve().parent.parent
 M = 60_000  # one minute in ms
 BASE = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 N = 600
@@ -333,3 +337,101 @@ def test_a_resume_mid_epoch_delivers_the_rest_of_the_merged_rows_once(case, num_
     batches = sorted(head + list(again), key=lambda b: int(b[1][0]))
     np.testing.assert_array_equal(torch.cat([t for _, t in batches]).numpy(), times)
     np.testing.assert_array_equal(torch.cat([v for v, _ in batches]).numpy(), values)
+
+
+# -- the timeline index from the build's timestamps (Note: seeded indexes) ----------------------
+
+
+def test_no_epoch_reads_the_merged_files_time_columns_again(case, tmp_path):
+    directory, frame = case
+    index = tmp_path / "index"
+    ds = TsFileIterableDataset(directory, columns=["p.d1.*", "p.d2.*"], batch_size=50,
+                               dtype=torch.float64, return_timestamps=True, block_rows=64,
+                               index_cache=str(index))  # fmt: skip
+    # saved by the build: one index per file of d1 (z.tsfile holds d2 and d3)
+    assert len(list(index.rglob("*.npy"))) == len(list(directory.glob("*.tsfile"))) - 1
+    times, values = rows_expected(frame)
+    for copy in (ds, pickle.loads(pickle.dumps(ds))):  # as a DataLoader worker gets it
+        seen = []
+        copy.reader.on_read = lambda what, seen=seen: seen.append(what) if what else None
+        batches = list(copy)
+        assert not [w for w in seen if "device p.d1" in w and "timeline index" in w]
+        assert [w for w in seen if "device p.d1, rows [64, 128)" in w]  # read through it
+        np.testing.assert_array_equal(torch.cat([t for _, t in batches]).numpy(), times)
+        np.testing.assert_array_equal(torch.cat([v for v, _ in batches]).numpy(), values)
+
+
+# -- hf.windows_for and the Ray datasource --------------------------------------------------
+
+
+@pytest.mark.slow  # importing transformers: seconds
+def test_hf_windows_for_patchtst_match_pandas_concat_and_sort(case):
+    transformers = pytest.importorskip("transformers")
+    from tsfile_torch import hf
+
+    directory, frame = case
+    torch.manual_seed(0)
+    config = transformers.PatchTSTConfig(
+        context_length=CONTEXT, prediction_length=HORIZON, num_input_channels=2, patch_length=4,
+        patch_stride=4, d_model=16, num_attention_heads=2, num_hidden_layers=1, ffn_dim=16,
+    )  # fmt: skip
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the 10-minute hole without freq=
+        ds = hf.windows_for(config, directory, columns=["x", "y"], devices=["p.d1"],
+                            future_missing="keep", keep=("past_time",))  # fmt: skip
+    got = {}
+    for batch in make_loader(ds, batch_size=64):
+        for i in range(len(batch["past_time"])):
+            got[int(batch["past_time"][i, 0])] = {k: v[i].numpy() for k, v in batch.items()}
+    windows = list(expected_windows(frame, freq=False))
+    assert len(got) == len(windows) == len(ds)
+    for times, values in windows:
+        item = got[int(times[0])]
+        np.testing.assert_array_equal(item["past_time"], times[:CONTEXT])
+        past, future = values[:CONTEXT], values[CONTEXT:]
+        np.testing.assert_array_equal(item["past_values"], np.nan_to_num(past).astype(np.float32))
+        np.testing.assert_array_equal(item["past_observed_mask"], ~np.isnan(past))
+        np.testing.assert_array_equal(
+            item["future_values"], np.nan_to_num(future).astype(np.float32)
+        )
+    transformers.PatchTSTForPrediction(config)(
+        **{k: v for k, v in batch.items() if k != "past_time"}
+    )
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster for this module, its workers importing this checkout (as
+    tests/test_ray.py starts its own); shut down after it."""
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    context = ray.data.DataContext.get_current()
+    saved = context.execution_options.preserve_order, context.enable_progress_bars
+    context.execution_options.preserve_order = True
+    context.enable_progress_bars = False
+    yield ray
+    context.execution_options.preserve_order, context.enable_progress_bars = saved
+    ray.shutdown()
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # Ray's DataContext, copied in a job
+def test_ray_read_tsfile_matches_pandas_concat_and_sort(case, ray_cluster):
+    from tsfile_torch.ray import read_tsfile
+
+    directory, frame = case
+    names = ["p.d1.x", "p.d1.y", "p.d2.x", "p.d2.y"]
+    ds = read_tsfile(directory, columns=["p.d1.*", "p.d2.*"], return_timestamps=True,
+                     dtype="float64", override_num_blocks=3)  # fmt: skip
+    batches = list(ds.iter_batches(batch_size=None, batch_format="numpy"))
+    found = {name: np.concatenate([b[name] for b in batches]) for name in ["time", *names]}
+    times, values = rows_expected(frame)
+    np.testing.assert_array_equal(found["time"], times)
+    np.testing.assert_array_equal(np.stack([found[n] for n in names], axis=1), values)

@@ -87,6 +87,8 @@ class _Timeline:
         view = reader.view(self.catalog_columns)
         if self.merge is None:
             return reader.read(lo, hi, view=view)
+        # the shards' indexes from the build's timestamps (Note: seeded indexes in timeline)
+        self.merge.seed(reader.decoder, {g: view.groups[g] for g in view.ref_groups})
         return self.merge.read(
             lambda a, b, out: reader.read(a, b, out, view=view),
             lo,
@@ -164,7 +166,10 @@ class Alignment:
                         timeline_name(catalog, cols),
                         [f.name for f in catalog.files],
                         time_unit,
+                        reader.index_stride,
                     )
+                    view = reader.view((k,))  # saved to the index cache where one is set
+                    merge.seed(reader.decoder, {g: view.groups[g] for g in view.ref_groups}, True)
                     timelines.append(_Timeline(positions, tuple(cols), times, merge))
                     continue
                 view = reader.view((k,))

@@ -22,6 +22,7 @@ first: a damaged later chunk header must be found before rows are handed out).
 from __future__ import annotations
 
 import math
+import os
 import threading
 from dataclasses import dataclass
 
@@ -35,7 +36,7 @@ from tsfile_torch.native.guard import damage_remembered, guarded_call
 from tsfile_torch.native.queries import query, query_times
 from tsfile_torch.read.blockcache import Block, BlockCache
 from tsfile_torch.read.openfiles import OpenFiles
-from tsfile_torch.read.timeline import TimeIndex, open_index, save_index
+from tsfile_torch.read.timeline import TimeIndex, open_index, save_index, seeded_index
 
 __all__ = ["GroupDecoder", "Plan", "misaligned"]
 
@@ -112,19 +113,49 @@ class GroupDecoder:
         if index is None:
             group = self.catalog.groups[group_index]
             info = self.catalog.files[group.file_index]
-            purpose = f" for the timeline index via {self.read_backend}"
-
-            def fetch(t0: int, t1: int) -> np.ndarray:
-                return self.group_times(group_index, t0, t1, purpose)
-
-            # open first: the cache key is the identity the reader was opened on (Note: index
-            # cache), never the file's identity at save time
-            self.files.handles(group_index, group)
-            opened = self.files.opened_identity(group.file_index)
-            key = info.source.index_key(opened) if opened is not None else None
+            fetch, key = self._index_source(group_index)
             index = open_index(fetch, info, group, self.index_stride, self.index_dir, key)
             self._indexes[group_index] = index
         return index
+
+    def seed(self, group_index: int, marks: np.ndarray, stride: int, save: bool = False) -> None:
+        """Take ``marks`` (the group's timestamps at rows 0, ``stride``, ...; read before with
+        its whole time column) as the group's complete timeline index (Note: seeded indexes in
+        :mod:`tsfile_torch.read.timeline`); with ``save`` also write it to the index cache
+        where one is set. A group that has an index in this process, or marks of another
+        stride or shape, is left as it is (its index is then learned from the file)."""
+        if group_index in self._indexes or stride != self.index_stride:
+            return
+        group = self.catalog.groups[group_index]
+        info = self.catalog.files[group.file_index]
+        fetch, key = self._index_source(group_index) if save else (self._fetch(group_index), None)
+        index = seeded_index(fetch, info, group, marks, stride, self.index_dir, key)
+        if index is None:
+            return
+        self._indexes[group_index] = index
+        if index.cache_path and not os.path.exists(index.cache_path):
+            info.check_unchanged()  # Note: index cache
+            save_index(index)
+
+    def _fetch(self, group_index: int):
+        """Return ``fetch(t0, t1)``: the group's timestamps in ``[t0, t1]``, for its index."""
+        purpose = f" for the timeline index via {self.read_backend}"
+
+        def fetch(t0: int, t1: int) -> np.ndarray:
+            return self.group_times(group_index, t0, t1, purpose)
+
+        return fetch
+
+    def _index_source(self, group_index: int):
+        """Return the group's index ``fetch`` and its cache key (None: not cached)."""
+        group = self.catalog.groups[group_index]
+        info = self.catalog.files[group.file_index]
+        # open first: the cache key is the identity the reader was opened on (Note: index
+        # cache), never the file's identity at save time
+        self.files.handles(group_index, group)
+        opened = self.files.opened_identity(group.file_index)
+        key = info.source.index_key(opened) if opened is not None else None
+        return self._fetch(group_index), key
 
     def span(self, group_index: int, start: int, stop: int) -> tuple[int, int | None, int]:
         """Return ``(start_time, end_time, rows to skip)`` of local rows ``[start, stop)``;

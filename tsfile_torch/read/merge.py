@@ -13,7 +13,9 @@ per row, late data in its own file a few runs) and the duplicates (16 bytes each
 merged rows ``[a, b)`` reads, per shard, the one stretch of stored rows they come from (each
 shard's stretch in the blocks the reader decodes anyway) and interleaves them: no values are
 ever materialized beyond the rows asked for. Shards that do not overlap keep the positional
-path (no merge, no cost).
+path (no merge, no cost). The shards' timeline indexes come from the timestamps the build read
+(Note: seeded indexes in :mod:`tsfile_torch.read.timeline`; 8 bytes per 1,024 stored rows):
+no process reads those time columns again.
 
 Duplicates (a timestamp stored in more than one shard): ``duplicates="error"`` (default) is a
 :class:`~tsfile_torch.errors.SchemaError` naming the series, both files and the first such
@@ -25,13 +27,14 @@ value reads as a null). :func:`priority` is the one place that ranks shards.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from tsfile_torch.catalog.build import Shard
+from tsfile_torch.catalog.build import ReadGroup, Shard
 from tsfile_torch.errors import SchemaError, warn_caller
 from tsfile_torch.options import DUPLICATE_MODES, format_timestamp
+from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, marks_of
 
 __all__ = ["Merge", "priority", "warn_resolved"]
 
@@ -55,7 +58,18 @@ class Merge:
         resolved: timestamps stored in more than one shard (resolved by ``duplicates``).
     """
 
-    def __init__(self, run_pos, run_row, dup_pos, dup_row, shard_rows, num_rows, resolved):
+    def __init__(
+        self,
+        run_pos,
+        run_row,
+        dup_pos,
+        dup_row,
+        shard_rows,
+        num_rows,
+        resolved,
+        marks: Mapping[int, np.ndarray] | None = None,
+        stride: int = DEFAULT_INDEX_STRIDE,
+    ):
         #: each run of merged rows from consecutive stored rows: its first merged row and the
         #: stored row read there
         self.run_pos = np.asarray(run_pos, dtype=np.int64)
@@ -68,12 +82,26 @@ class Merge:
         self.shard_rows = np.asarray(shard_rows, dtype=np.int64)
         self.num_rows = int(num_rows)
         self.resolved = int(resolved)
+        #: a shard's first stored row -> its timeline index marks, every ``stride``-th
+        #: timestamp (Note: seeded indexes in :mod:`tsfile_torch.read.timeline`)
+        self.marks = dict(marks or {})
+        self.stride = stride
 
     @property
     def nbytes(self) -> int:
         """Bytes this mapping keeps (what a merged timeline costs beyond its timestamps)."""
         arrays = (self.run_pos, self.run_row, self.dup_pos, self.dup_row, self.shard_rows)
-        return sum(a.nbytes for a in arrays)
+        return sum(a.nbytes for a in arrays) + sum(m.nbytes for m in self.marks.values())
+
+    def seed(self, decoder, groups: Mapping[int, ReadGroup], save: bool = False) -> None:
+        """Give ``decoder`` (a :class:`~tsfile_torch.read.decode.GroupDecoder`) the timeline
+        index of each of ``groups`` (read group index -> group: the shards' groups of the
+        decoder's catalog) from the marks the build took (Note: seeded indexes); ``save``: also
+        to the index cache (the building process). Cheap once seeded: call before reads."""
+        for gi, group in groups.items():
+            marks = self.marks.get(group.start_row)
+            if marks is not None:
+                decoder.seed(gi, marks, self.stride, save)
 
     def stored_rows(self, start: int, stop: int) -> np.ndarray:
         """Return the stored row each merged row of ``[start, stop)`` takes (its winner)."""
@@ -134,11 +162,14 @@ class Merge:
         name: str,
         file_names: Sequence[str],
         time_unit: str = "ms",
+        stride: int = DEFAULT_INDEX_STRIDE,
     ) -> tuple[Merge, np.ndarray]:
         """Return the merge of ``shards`` (placed, in stored order) and the merged timestamps.
 
-        ``times[k]`` are shard ``k``'s timestamps (increasing). Shards that overlap no other
-        are runs taken as they are; only where ranges overlap are timestamps sorted.
+        ``times[k]`` are shard ``k``'s timestamps (increasing; its whole time column). Shards
+        that overlap no other are runs taken as they are; only where ranges overlap are
+        timestamps sorted. Every ``stride``-th timestamp of a shard is kept as its timeline
+        index (Note: seeded indexes).
 
         Raises:
             SchemaError: with ``duplicates="error"``, a timestamp in two shards; the message
@@ -185,7 +216,14 @@ class Merge:
         dup_row = np.concatenate(dup_row) if dup_row else np.empty(0, np.int64)
         resolved = len(np.unique(dup_pos))
         starts = [s.start_row for s in shards]
-        merge = cls(run_pos[keep], run_row[keep], dup_pos, dup_row, starts, pos, resolved)
+        marks = {
+            s.start_row: m
+            for s, t in zip(shards, times, strict=True)
+            if (m := marks_of(t, s.num_rows, s.start_time, s.end_time, stride)) is not None
+        }
+        merge = cls(
+            run_pos[keep], run_row[keep], dup_pos, dup_row, starts, pos, resolved, marks, stride
+        )
         return merge, np.concatenate(merged)
 
 

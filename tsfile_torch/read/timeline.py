@@ -38,6 +38,13 @@ changed on disk, or written by someone without the secret are dropped (deleted, 
 from the file and saved again) instead of turning into wrong rows or a damage verdict against
 the TsFile; a seal that does not match is a
 :class:`~tsfile_torch.errors.CacheMismatchWarning` naming the entry.
+
+Note: seeded indexes. A series whose files overlap in time reads each file's whole time column
+at build, to merge them (Note: merged shards in :mod:`tsfile_torch.read.merge`). The marks are
+taken from those timestamps (:func:`marks_of`, after the checks of Note: whole time column
+first) and kept with the merge, 8 bytes per ``stride`` rows, pickled into workers; each
+process's reader takes them as complete indexes (:func:`seeded_index`) instead of reading the
+time columns again. The building process saves them to the index cache where one is set.
 """
 
 from __future__ import annotations
@@ -55,7 +62,15 @@ from tsfile_torch.errors import SKIP_HINT, CacheMismatchWarning, TsFileFormatErr
 from tsfile_torch.sources.cachedir import SealError, private_dir, seal, secret, unseal
 from tsfile_torch.sources.content import atomic_write
 
-__all__ = ["DEFAULT_INDEX_STRIDE", "TimeIndex", "clear_index_cache", "open_index", "save_index"]
+__all__ = [
+    "DEFAULT_INDEX_STRIDE",
+    "TimeIndex",
+    "clear_index_cache",
+    "marks_of",
+    "open_index",
+    "save_index",
+    "seeded_index",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -282,7 +297,7 @@ def open_index(
     reads through was opened on (``None``: no cache). Marks loaded from the cache are checked
     against the file first (:func:`_agrees`) and ignored if they disagree.
     """
-    name = f"{info.name}: device {'.'.join(map(str, group.device))}"
+    name = _name(info, group)
     path = _cache_path(cache_dir, key, group, stride) if cache_dir and key else None
     expected = -(-group.num_rows // stride)
     secret_key = _secret(path) if path else None
@@ -299,6 +314,47 @@ def open_index(
     )
     index.cache_path = path
     return index
+
+
+def marks_of(
+    times: np.ndarray, num_rows: int, start_time: int, end_time: int, stride: int
+) -> np.ndarray | None:
+    """Return the index marks of a group from its whole time column ``times`` (Note: seeded
+    indexes), or None where ``times`` disagree with the metadata (``num_rows`` rows from
+    ``start_time`` to ``end_time``, strictly increasing): the index is then learned from the
+    file, which reports the damage (Note: whole time column first)."""
+    if len(times) != num_rows or not num_rows or times[0] != start_time or times[-1] != end_time:
+        return None
+    if bool(np.any(times[1:] <= times[:-1])):
+        return None
+    return np.array(times[::stride], dtype=np.int64)
+
+
+def seeded_index(
+    fetch,
+    info: FileInfo,
+    group: ReadGroup,
+    marks: np.ndarray,
+    stride: int = DEFAULT_INDEX_STRIDE,
+    cache_dir: str | None = None,
+    key: str | None = None,
+) -> TimeIndex | None:
+    """Return the group's complete :class:`TimeIndex` of ``marks`` (:func:`marks_of`; Note:
+    seeded indexes), its ``cache_path`` set where ``cache_dir`` and ``key`` are (as in
+    :func:`open_index`; save it with :func:`save_index`), or None where ``marks`` do not fit
+    the group (another stride, row count or first timestamp)."""
+    if len(marks) != -(-group.num_rows // stride) or marks[0] != group.start_time:
+        return None
+    index = TimeIndex(
+        stride, group.num_rows, group.start_time, group.end_time, fetch, _name(info, group), marks
+    )
+    path = _cache_path(cache_dir, key, group, stride) if cache_dir and key else None
+    index.cache_path = path if path and _secret(path) is not None else None
+    return index
+
+
+def _name(info: FileInfo, group: ReadGroup) -> str:
+    return f"{info.name}: device {'.'.join(map(str, group.device))}"
 
 
 def save_index(index: TimeIndex) -> None:
