@@ -38,11 +38,75 @@ def read_backend(request) -> str:
     return request.param
 
 
+#: Tests over ~2 s each on the 2-core VM (measured with --durations): out of the default run, which
+#: must stay under 4 minutes, marked ``slow`` and ``heavy``; CI runs them (``.ci/run``: -m heavy).
+HEAVY = {
+    "tests/test_argument_edges.py::test_ray_remote_args_must_be_a_dict",
+    "tests/test_bench.py::test_bench_quick_writes_records_with_matching_checksums",
+    "tests/test_bench.py::test_read_backend_benchmark_quick_reports_every_state",
+    "tests/test_bench.py::test_startup_benchmark_runs_in_new_interpreters_and_reports_its_ratios",
+    "tests/test_bench_peers.py::test_a_peer_that_drops_rows_is_marked",
+    "tests/test_bench_peers.py::test_peers_benchmark_writes_table_jsonl_and_verified_rows",
+    "tests/test_bench_windows.py::test_quick_window_benchmark_checksums_match_the_reference",
+    "tests/test_bench_windows.py::test_the_window_script_run_from_the_checkout_writes_json",
+    "tests/test_cache_checks.py::test_a_killed_fills_part_file_is_removed_by_the_next_run",
+    "tests/test_cache_checks.py::test_a_part_file_counts_in_cache_limit_while_it_is_written",
+    "tests/test_core.py::test_a_pickled_core_reads_the_same_rows_in_a_new_interpreter",
+    "tests/test_core.py::test_decode_threads_split_the_usable_cpus_among_the_workers[16-16-1]",
+    "tests/test_damage.py::test_a_later_chunk_header_that_crashes_the_reader_fails_validation",
+    "tests/test_damage.py::test_damaged_file_reads_exactly_or_fails_naming_it[flip:end+8]",
+    "tests/test_damage.py::test_damaged_file_through_shuffling_workers_reads_exactly_or_fails_naming_it[flip:s1+10000]",
+    "tests/test_dataloader_contract.py::test_collate_fns_that_change_the_batch_work_in_workers_too[iterable]",
+    "tests/test_distributed.py::test_two_ranks_with_two_workers_split_every_epoch[fork]",
+    "tests/test_docs.py::test_the_blocks_of_the_page_run_as_written[data-model.md]",
+    "tests/test_docs.py::test_the_blocks_of_the_page_run_as_written[disk-cache.md]",
+    "tests/test_docs.py::test_the_blocks_of_the_page_run_as_written[huggingface.md]",
+    "tests/test_docs.py::test_the_site_builds_strictly",
+    "tests/test_elastic.py::test_eight_then_two_then_eight_workers_across_three_restarts[window]",
+    "tests/test_exhaustion.py::test_running_out_is_never_remembered_as_damage[emfile]",
+    "tests/test_exhaustion.py::test_running_out_is_never_remembered_as_damage[memory]",
+    "tests/test_exhaustion.py::test_running_out_is_never_remembered_as_damage[timeout]",
+    "tests/test_exhaustion.py::test_running_out_is_never_remembered_as_damage[tsfile-oom]",
+    "tests/test_forecasting_features.py::test_dict_items_match_the_written_frame[nan]",
+    "tests/test_index_cache.py::test_an_index_cache_that_cannot_be_written_leaves_no_temporary_files",
+    "tests/test_lightning_resume.py::test_lightning_resumes_the_rest_of_the_epoch_without_repeats_or_gaps[2-0]",
+    "tests/test_messages.py::test_a_build_under_a_small_file_size_limit_says_which_limit_and_what_to_do",
+    "tests/test_native_pool.py::test_a_bad_setting_is_an_error_that_names_it",
+    "tests/test_native_pool.py::test_by_default_the_main_process_gets_its_share_of_the_cpus[1]",
+    "tests/test_native_pool.py::test_the_pool_has_the_threads_asked_in_every_reading_process[fork-0-4]",
+    "tests/test_native_pool.py::test_the_pool_has_the_threads_asked_in_every_reading_process[fork-2-4]",
+    "tests/test_native_pool.py::test_the_process_effect_switched_off_leaves_tsfiles_own_pool_in_fork_workers_too",
+    "tests/test_native_pool.py::test_zero_leaves_tsfiles_own_pool[fork-2]",
+    "tests/test_platforms.py::test_another_tsfile_version_is_proved_or_told[symbols-gone]",
+    "tests/test_platforms.py::test_training_works_without_each_linux_only_api[fallocate,prctl]",
+    "tests/test_platforms.py::test_training_works_without_each_linux_only_api[posixshmem]",
+    "tests/test_process_state.py::test_a_fresh_process_keeps_its_defaults_and_its_faulthandler_file",
+    "tests/test_process_state.py::test_a_pass_dropped_in_a_cycle_and_collected_on_another_thread_puts_the_handler_back",
+    "tests/test_read_ahead.py::test_a_pread_reader_for_read_ahead_that_cannot_open_only_turns_read_ahead_off",
+    "tests/test_remote.py::test_an_object_deleted_after_the_build_is_an_error_naming_it_at_first_read",
+    "tests/test_remote.py::test_iterable_dataset_reads_s3_exactly_and_a_second_epoch_fetches_nothing[2]",
+    "tests/test_remote.py::test_map_style_dataset_reads_s3_exactly[0]",
+    "tests/test_remote_cache_dir.py::test_a_read_only_cache_dir_is_a_remote_error_at_build_and_at_first_read",
+    "tests/test_remote_manifest.py::test_an_intact_object_listed_in_the_manifest_reads_exactly",
+    "tests/test_remote_manifest.py::test_an_object_that_differs_from_the_manifest_beside_it_is_an_error_and_not_cached",
+    "tests/test_ring.py::test_a_main_process_interrupted_or_killed_mid_epoch_leaves_no_slot[2]",
+    "tests/test_ring.py::test_a_main_process_interrupted_or_killed_mid_epoch_leaves_no_slot[9]",
+    "tests/test_timerange.py::test_300_files_under_a_low_fd_limit_with_max_open_files[auto]",
+    "tests/test_windows_core.py::test_a_file_object_gives_the_same_windows_as_the_path[auto]",
+    "tests/test_windows_core.py::test_a_file_object_through_a_shuffled_loader_with_workers",
+    "tests/test_worker_failures.py::test_a_kept_error_of_a_pass_with_workers_stalls_no_later_collection[True]",
+}
+
+
 @pytest.hookimpl(tryfirst=True)  # before ``-m 'not slow'`` deselects
 def pytest_collection_modifyitems(items):
     """``@pytest.mark.other_backends_slow``: of a test costly on every backend, the ``auto`` case
-    runs in the fast suite and the ``mmap`` / ``pread`` cases are marked slow."""
+    runs in the fast suite and the ``mmap`` / ``pread`` cases are marked slow; a test in
+    :data:`HEAVY` is marked slow and heavy."""
     for item in items:
+        if item.nodeid in HEAVY:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.heavy)
         callspec = getattr(item, "callspec", None)
         backend = callspec.params.get("read_backend", "auto") if callspec else "auto"
         if backend != "auto" and item.get_closest_marker("other_backends_slow"):
