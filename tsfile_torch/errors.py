@@ -6,6 +6,8 @@ Every error names the file, column or argument at fault, the rule that was broke
 from __future__ import annotations
 
 import errno
+import inspect
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -117,10 +119,17 @@ def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     on the path taken (rows build through one more constructor than windows, a check may run in
     a helper of a helper); counting them by hand pointed warnings one frame too far.
     """
-    frame, level = sys._getframe(1), 2  # level 1 is the warnings.warn call below
+    if sys.version_info >= (3, 12):
+        warnings.warn(message, category, skip_file_prefixes=(_PACKAGE_DIR,))
+        return
+    frame, level = inspect.currentframe(), 1  # level 1 is this function's frame
     while frame is not None and frame.f_globals.get("__name__", "").startswith("tsfile_torch"):
         frame, level = frame.f_back, level + 1
     warnings.warn(message, category, stacklevel=level)
+
+
+#: the package's directory: frames of files under it are tsfile_torch's (warn_caller)
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 
 
 def shared_memory(make, *args, what: str):

@@ -36,6 +36,7 @@ Epochs need nothing from the loader: each pass claims the dataset's next epoch (
 from __future__ import annotations
 
 import atexit
+import collections.abc
 import ctypes
 import functools
 import logging
@@ -48,9 +49,8 @@ import weakref
 import numpy as np
 import torch
 import torch.utils.data as tud
-from torch.utils.data._utils.fetch import _MapDatasetFetcher
-from torch.utils.data._utils.pin_memory import pin_memory
 
+from tsfile_torch import compat
 from tsfile_torch.data.handover import WorkerRing
 from tsfile_torch.data.ring import (
     RingBatch,
@@ -218,6 +218,8 @@ def _warn_random_split(subset, view) -> None:
 # is the workers').
 
 _KEY = "tsfile_torch"
+#: the loader record's key for the loader's own ``num_workers`` (0 included)
+_LOADER_WORKERS = "loader_num_workers"
 #: held while a loader checks that its dataset is free and claims it
 _STARTING = threading.RLock()
 logger = logging.getLogger(__name__)
@@ -240,8 +242,37 @@ class _Summed:
         self.batch, self.rows, self.sums = batch, rows, sums
 
     def pin_memory(self, device=None) -> _Summed:
-        self.batch = pin_memory(self.batch, device)
+        self.batch = pinned(self.batch)
         return self
+
+
+def pinned(data):
+    """Return ``data`` with its tensors in page-locked memory, as torch's DataLoader pins a
+    batch: tensors and objects with a ``pin_memory()`` method of their own, inside mappings,
+    tuples (named ones too) and sequences; anything else as it is."""
+    if isinstance(data, torch.Tensor):
+        return data.pin_memory()
+    if hasattr(data, "pin_memory") and not isinstance(data, type):
+        return data.pin_memory()
+    if isinstance(data, (str, bytes)):
+        return data
+    if isinstance(data, collections.abc.Mapping):
+        items = {k: pinned(v) for k, v in data.items()}
+        try:
+            return type(data)(items)
+        except TypeError:  # a mapping type that cannot be built from a dict
+            return items
+    if isinstance(data, tuple):
+        if hasattr(data, "_fields"):  # a named tuple
+            return type(data)(*(pinned(v) for v in data))
+        return type(data)(pinned(v) for v in data)
+    if isinstance(data, collections.abc.Sequence):
+        items = [pinned(v) for v in data]
+        try:
+            return type(data)(items)
+        except TypeError:  # a sequence type that cannot be built from a list
+            return items
+    return data
 
 
 class _SumsFirst:
@@ -285,7 +316,7 @@ class _Pass:
         self._loader = loader
         self._inner = inner
         self._scope = scope
-        scope.watch(bool(getattr(inner, "_workers", None)))
+        scope.watch(bool(compat.iterator_workers(inner)))
         self._sums = sums
         self._ring = getattr(loader, "_ring", None)
         #: where this pass stands, counted here in the main process (Note: loader resume)
@@ -316,7 +347,7 @@ class _Pass:
             better = explain_worker_failure(
                 err,
                 self._loader._spec.slots,
-                getattr(self._inner, "_workers", ()),
+                compat.iterator_workers(self._inner),
                 context.get_start_method() if context is not None else None,
             )
             if better is None:
@@ -337,11 +368,11 @@ class _Pass:
         if isinstance(batch, RingBatch):  # Note: ring
             batch = self._ring.unpack(batch)
             if self._loader.pin_memory:
-                batch = pin_memory(batch, getattr(self._loader, "pin_memory_device", "") or None)
+                batch = pinned(batch)
         elif isinstance(batch, KeptBatch):  # Note: hand-over
             batch = self._loader._spec.serve(batch)
             if self._loader.pin_memory:
-                batch = pin_memory(batch, getattr(self._loader, "pin_memory_device", "") or None)
+                batch = pinned(batch)
         if self._sums is not None and self._loader._sums_first is not None:
             if summed is None or summed.sums is None:
                 self._sums = None  # the dataset made something else: nothing to check
@@ -373,12 +404,6 @@ class _Guarded:
 
     _sums_checked = False
 
-    def _get_iterator(self):
-        it = super()._get_iterator()
-        if hasattr(it, "_shutdown_workers"):  # Note: an iterator collected in a cycle
-            it.__class__ = _reachable(type(it))
-        return it
-
     def __iter__(self):
         # one check-and-claim at a time: two threads starting loaders over one dataset object
         # at once must not both see it free
@@ -409,12 +434,14 @@ class _Guarded:
         scope = LoaderScope(self._spec.slots, self.num_workers > 0)
         ring = getattr(self, "_ring", None)
         if ring is not None:
-            if self._iterator is None or not self.persistent_workers:
+            if compat.current_iterator(self) is None or not self.persistent_workers:
                 ring.restart()  # new workers: new slots
             ring.new_pass()
         try:
             if not self._kept_pass(start):
                 inner = super().__iter__()
+                # Note: an iterator collected in a cycle
+                compat.wrap_shutdown(inner, _end_unreachable)
             else:
                 _log_kept_pass(self)
                 if self._spec.iterable:
@@ -498,15 +525,12 @@ class _InMain:
     loader's sampler and collate function, fetched here as with ``num_workers=0``."""
 
     def __init__(self, loader):
-        fetcher = _MapDatasetFetcher(
-            loader.dataset, loader._auto_collation, loader.collate_fn, loader.drop_last
-        )
-        self._serve(loader, len(loader._index_sampler), map(fetcher.fetch, loader._index_sampler))
+        batches = loader.batch_sampler if loader.batch_sampler is not None else loader.sampler
+        self._serve(loader, len(batches), map(functools.partial(_fetch, loader), batches))
 
     def _serve(self, loader, length: int, batches) -> None:
         self._length, self._batches = length, batches
         self._pin = loader.pin_memory
-        self._device = getattr(loader, "pin_memory_device", "") or None
 
     def __iter__(self):
         return self
@@ -516,7 +540,19 @@ class _InMain:
 
     def __next__(self):
         batch = next(self._batches)
-        return pin_memory(batch, self._device) if self._pin else batch
+        return pinned(batch) if self._pin else batch
+
+
+def _fetch(loader, index):
+    """Return the batch ``loader`` makes of ``index`` (a list of items under a batch sampler,
+    else one item), as DataLoader fetches with ``num_workers=0``: ``__getitems__`` where the
+    dataset has it, then the loader's ``collate_fn``."""
+    dataset = loader.dataset
+    if loader.batch_sampler is None:
+        return loader.collate_fn(dataset[index])
+    getitems = getattr(dataset, "__getitems__", None)
+    data = getitems(index) if getitems else [dataset[i] for i in index]
+    return loader.collate_fn(data)
 
 
 class _InMainIterable(_InMain):
@@ -534,10 +570,9 @@ def _retire(loader, failed, gentle: bool = False) -> None:
     ``gentle``: SIGTERM first (a worker then removes what it made, Note: nothing left behind in
     :mod:`tsfile_torch.process`), SIGKILL for one still there after a second.
     """
-    if getattr(loader, "_iterator", None) is failed:
-        loader._iterator = None
-    workers = getattr(failed, "_workers", ())
-    _forget_worker_pids(failed)  # before any kill
+    compat.drop_iterator(loader, failed)
+    workers = compat.iterator_workers(failed)
+    compat.forget_worker_pids(failed)  # before any kill
     if gentle:
         for w in workers:
             if w.is_alive():
@@ -547,15 +582,18 @@ def _retire(loader, failed, gentle: bool = False) -> None:
     for w in workers:
         if w.is_alive():
             w.kill()  # stopped or stalled: it would not exit when asked
-    shutdown = getattr(failed, "_shutdown_workers", None)
-    if shutdown is not None:
-        shutdown()
+    compat.shutdown_workers(failed)
 
 
-@functools.cache
-def _reachable(cls: type) -> type:
-    """``cls`` (torch's or torchdata's iterator with workers) whose shutdown first ends the
-    workers it can no longer ask to stop.
+#: set at interpreter exit (Note: an iterator collected in a cycle)
+_exiting = False
+
+
+def _end_unreachable(it) -> None:
+    """SIGTERM (a worker then removes what it made) the live workers of ``it`` whose index
+    queue is no longer fed: torch's shutdown, called next, asks a worker to stop through that
+    queue and would wait 5 s for each. Not at interpreter exit (torch's shutdown then does
+    nothing; :func:`_end_workers_at_exit` ends the workers).
 
     Note: an iterator collected in a cycle. A kept error (a traceback held by a notebook, a
     logger, ``pytest.raises``) or a loader held in a cycle puts the iterator in a reference
@@ -563,48 +601,21 @@ def _reachable(cls: type) -> type:
     feeder threads) before the iterator's ``__del__``, whose shutdown then asks each worker to
     stop through a queue nobody feeds and waits 5 s for each: a 10 s stall, with 2 workers, of
     whatever line allocated when the collection came (measured in this project's tests). Here
-    the shutdown first ends, by SIGTERM, the workers whose index queue is no longer fed
-    (:func:`_end_unreachable`). A pass that ended in an error keeps its workers until then (a
-    caller may catch the error and go on: a map-style pass's other batches still come).
+    the shutdown (reached through :func:`tsfile_torch.compat.wrap_shutdown`) first ends, by
+    SIGTERM, the workers whose index queue is no longer fed. A pass that ended in an error
+    keeps its workers until then (a caller may catch the error and go on: a map-style pass's
+    other batches still come).
     """
-
-    def _shutdown_workers(self) -> None:
-        if not getattr(self, "_shutdown", True) and tud._utils.python_exit_status is False:
-            _end_unreachable(self)
-        cls._shutdown_workers(self)
-
-    return type(cls.__name__, (cls,), {"_shutdown_workers": _shutdown_workers})
-
-
-def _end_unreachable(it) -> None:
-    """SIGTERM (a worker then removes what it made) the live workers of ``it`` whose index
-    queue is no longer fed (:func:`_unfed`): torch's shutdown asks a worker to stop through
-    that queue and would wait 5 s for each (Note: an iterator collected in a cycle)."""
-    unreachable = [
-        w for w, q in zip(it._workers, it._index_queues, strict=False) if _unfed(q) and w.is_alive()
-    ]
+    if _exiting is not False:
+        return
+    workers = compat.iterator_workers(it)
+    unfed = compat.unfed_queues(it)
+    unreachable = [w for w, u in zip(workers, unfed, strict=False) if u and w.is_alive()]
     if not unreachable:
         return
-    _forget_worker_pids(it)  # before the signal
+    compat.forget_worker_pids(it)  # before the signal
     for w in unreachable:
         w.terminate()
-
-
-def _forget_worker_pids(it) -> None:
-    """Take ``it``'s workers out of torch's SIGCHLD check, so that ending them is no error."""
-    if getattr(it, "_worker_pids_set", False):
-        tud._utils.signal_handling._remove_worker_pids(id(it))
-        it._worker_pids_set = False
-
-
-def _unfed(queue) -> bool:
-    """Whether nothing put on ``queue`` (a multiprocessing queue with a feeder thread) will
-    reach its reader any more: its close finalizer ran (the feeder thread then ends, as soon as
-    it runs: it may still be alive here) or its feeder thread ended."""
-    thread, close = getattr(queue, "_thread", None), getattr(queue, "_close", None)
-    if thread is None:
-        return False  # nothing put yet: a put starts the feeder
-    return not thread.is_alive() or (close is not None and not close.still_active())
 
 
 #: loaders whose workers may be running (their iterators are ended at interpreter exit)
@@ -618,9 +629,11 @@ def _end_workers_at_exit() -> None:
     when the exit has already closed the queues it asks through."""
 
     def end_all() -> None:
+        global _exiting
+        _exiting = True
         for loader in list(_LOADERS):
-            it = getattr(loader, "_iterator", None)
-            if it is not None and getattr(it, "_workers", None):
+            it = compat.current_iterator(loader)
+            if compat.iterator_workers(it):
                 _retire(loader, it, gentle=True)
 
     atexit.register(end_all)
@@ -878,8 +891,7 @@ def saved_num_workers(state: dict) -> int:
             "this state_dict was not saved by a make_loader(..., stateful=True) loader of this "
             "version of tsfile-torch (it has no 'tsfile_torch' record)"
         )
-    workers = int(ours[NUM_WORKERS])
-    return workers if state.get("_snapshot") else 0
+    return int(ours.get(_LOADER_WORKERS, ours[NUM_WORKERS]))
 
 
 def _topology(point: PassPoint) -> tuple[int, int, int]:
@@ -951,6 +963,7 @@ def _stateful_loader_class():
             if point is None:  # no pass yet: the next one starts its epoch afresh
                 point = self._point(self._view.epochs.peek())
             out[_KEY] = pass_state(point, _identity(self)[0])
+            out[_KEY][_LOADER_WORKERS] = self.num_workers  # its PassPoint counts 0 as 1
             return out
 
         def load_state_dict(self, state_dict: dict) -> None:

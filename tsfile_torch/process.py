@@ -56,6 +56,7 @@ import sys
 import threading
 import weakref
 
+from tsfile_torch import compat
 from tsfile_torch.integrity.reports import (
     ReadSlots,
     crash_report_path,
@@ -159,15 +160,6 @@ _RESTORE_DUE = False
 _SCOPE_LOCK = threading.RLock()
 
 
-def _torch_signal_handling():
-    """Return torch's DataLoader signal module (torch 2.1 to 2.13), None before torch loads it.
-
-    Looked up, never imported: a loader has imported torch.utils.data before a scope opens, and
-    a scope closed at interpreter exit must not import anything.
-    """
-    return sys.modules.get("torch.utils.data._utils.signal_handling")
-
-
 class _AllSlots:
     def read_all(self) -> dict[int, str]:
         out: dict[int, str] = {}
@@ -211,10 +203,9 @@ def restore_due() -> None:
         _RESTORE_DUE = False
         if signal.getsignal(signal.SIGCHLD) is not _ORIGINAL_SIGCHLD:
             signal.signal(signal.SIGCHLD, _ORIGINAL_SIGCHLD)
-        torch_signals = _torch_signal_handling()
-        if _ORIGINAL_TORCH_FLAG is not None and torch_signals is not None:
+        if _ORIGINAL_TORCH_FLAG is not None:
             # as it was: the next DataLoader installs torch's handler only if none was then
-            torch_signals._SIGCHLD_handler_set = _ORIGINAL_TORCH_FLAG
+            compat.set_torch_sigchld_flag(_ORIGINAL_TORCH_FLAG)
         _PREVIOUS_SIGCHLD = None
 
 
@@ -228,7 +219,8 @@ class LoaderScope:
     wrapped to raise a WorkerError naming the read instead (:meth:`watch`). When the last scope
     closes, the recorded handler is put back and torch is told to install its own again next
     time exactly when it would have without this scope: its module flag
-    ``_SIGCHLD_handler_set`` (torch 2.1 to 2.13) is put back to what it was at the first open.
+    ``_SIGCHLD_handler_set`` (:mod:`tsfile_torch.compat`) is put back to what it was at the
+    first open.
     Resetting it to False instead would make the next plain DataLoader chain a new handler onto
     the one it had already installed.
     """
@@ -245,8 +237,7 @@ class LoaderScope:
             if _SCOPES == 0:
                 _close_at_exit()
                 _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)
-                torch_signals = _torch_signal_handling()
-                _ORIGINAL_TORCH_FLAG = getattr(torch_signals, "_SIGCHLD_handler_set", None)
+                _ORIGINAL_TORCH_FLAG = compat.torch_sigchld_flag()
             _SCOPES += 1
             _LIVE.add(self)
 
@@ -255,9 +246,7 @@ class LoaderScope:
         global _PREVIOUS_SIGCHLD
         if not (self.open and has_workers):
             return
-        install = getattr(_torch_signal_handling(), "_set_SIGCHLD_handler", None)
-        if install is not None:
-            install()  # persistent workers of a later pass: again
+        compat.install_torch_sigchld()  # persistent workers of a later pass: again
         current = signal.getsignal(signal.SIGCHLD)
         if callable(current) and current is not _sigchld:
             _PREVIOUS_SIGCHLD = current
@@ -395,18 +384,14 @@ def _end_terminated() -> None:
     the first call finishes; another thread (the wake-up thread, the parent watchdog) waits a
     moment for a call already under way, then ends the worker itself.
     """
-    from multiprocessing import util
-
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
         if not _ending.acquire(blocking=False):
             return  # nested in the call under way, which ends the worker
     else:
         _ending.acquire(timeout=2.0)  # a call under way ends the worker first; else this one
-    ours = (_remove, getattr(util, "_remove_temp_dir", None))
-    for finalizer in list(getattr(util, "_finalizer_registry", {}).values()):
-        if getattr(finalizer, "_callback", None) in ours:
-            finalizer()  # runs once: registered in this process only (cleared at fork)
+    # each runs once: registered in this process only (the registry is cleared at fork)
+    compat.run_exit_finalizers(_remove)
     if in_main:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     else:  # signal.signal is for the main thread only: libc's, then

@@ -23,12 +23,12 @@ them, so a main process killed by SIGKILL leaves none behind either; :meth:`Ring
 (the end of the loader's iterator, a worker failure, the loader's deletion, interpreter exit)
 unlinks every segment a worker made that the main process has not mapped yet.
 
-Note: ring platforms. The ring needs POSIX shared memory (``_posixshmem``: Linux, macOS);
-where it is missing (Windows) :func:`ring_available` is False and
-:func:`tsfile_torch.make_loader` hands batches over as a plain DataLoader does (a segment per
-batch, through torch). A slot is reserved with ``os.posix_fallocate`` where the platform has it
-(Linux: a full ``/dev/shm`` is an error when the slot is made, never a SIGBUS when it is
-written), else sized with ``os.ftruncate`` (macOS). Both are looked up when used.
+Note: ring platforms. The ring needs POSIX shared memory (Linux, macOS:
+:func:`tsfile_torch.compat.posix_shm`); where it is missing (Windows) :func:`ring_available` is
+False and :func:`tsfile_torch.make_loader` hands batches over as a plain DataLoader does (a
+segment per batch, through torch). A slot is reserved with ``os.posix_fallocate`` where the
+platform has it (Linux: a full ``/dev/shm`` is an error when the slot is made, never a SIGBUS
+when it is written), else sized with ``os.ftruncate`` (macOS). Both are looked up when used.
 """
 
 from __future__ import annotations
@@ -38,12 +38,13 @@ import mmap
 import os
 import secrets
 import weakref
-from multiprocessing import resource_tracker, sharedctypes
+from multiprocessing import sharedctypes
 from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
+from tsfile_torch import compat
 from tsfile_torch.data.handover import (
     DETACHED,
     FREE,
@@ -55,10 +56,9 @@ from tsfile_torch.data.handover import (
 from tsfile_torch.data.view import KeptBatch
 from tsfile_torch.data.window_items import WindowBatch
 
-try:
-    import _posixshmem
-except ImportError:  # no POSIX shared memory (Windows): no ring (Note: ring platforms)
-    _posixshmem = None
+# CPython's POSIX shared memory and resource tracker (tsfile_torch.compat); None where the
+# platform has none (Windows): no ring (Note: ring platforms)
+_shm, _tracker = compat.posix_shm() or (None, None)
 
 __all__ = ["RingBatch", "RingControl", "RingReceiver", "SlotTensor", "pack", "ring_available"]
 
@@ -70,7 +70,7 @@ HOLD = 2
 def ring_available() -> bool:
     """Return whether this platform has the POSIX shared memory the ring needs (Note: ring
     platforms)."""
-    return _posixshmem is not None
+    return _shm is not None
 
 
 def _reserve(fd: int, size: int) -> None:
@@ -100,7 +100,7 @@ class RingControl:
         #: passes of the loader begun: a slot taken in an earlier one and still busy holds a
         #: batch the DataLoader drained, never delivered
         self.era = sharedctypes.RawValue("i", 0)
-        resource_tracker.ensure_running()  # before workers start: they share it
+        _tracker.ensure_running()  # before workers start: they share it
 
     def name(self, worker: int, slot: int, gen: int) -> str:
         return f"/tsfile-torch-{self.token}-{worker}-{slot}-{gen}"
@@ -111,11 +111,11 @@ class RingControl:
         name = self.name(worker, slot, gen)
         # registered before it exists: a worker killed right after making it (its main process
         # got SIGKILL) still leaves it to the tracker (which only warns of a name never made)
-        resource_tracker.register(name, "shared_memory")
+        _tracker.register(name, "shared_memory")
         try:
-            fd = _posixshmem.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+            fd = _shm.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         except OSError:
-            resource_tracker.unregister(name, "shared_memory")
+            _tracker.unregister(name, "shared_memory")
             return None
         try:
             _reserve(fd, size)  # a full /dev/shm: an error now, never a SIGBUS
@@ -290,7 +290,7 @@ class RingReceiver:
 
     def _map(self, worker: int, slot: int, gen: int) -> mmap.mmap:
         name = self.control.name(worker, slot, gen)
-        fd = _posixshmem.shm_open(name, os.O_RDWR, 0o600)
+        fd = _shm.shm_open(name, os.O_RDWR, 0o600)
         try:
             segment = mmap.mmap(fd, os.fstat(fd).st_size)
         finally:
@@ -351,10 +351,10 @@ def _tensor_of(value, receiver: RingReceiver, buffers: dict):
 
 def _unlink(name: str) -> None:
     try:
-        _posixshmem.shm_unlink(name)
+        _shm.shm_unlink(name)
     except FileNotFoundError:
         pass
-    resource_tracker.unregister(name, "shared_memory")
+    _tracker.unregister(name, "shared_memory")
 
 
 def _unlink_unmapped(control: RingControl, maps: dict[tuple[int, int], Any]) -> None:
@@ -366,7 +366,7 @@ def _unlink_unmapped(control: RingControl, maps: dict[tuple[int, int], Any]) -> 
         if gen and (mapped is None or mapped[0] != gen):
             name = control.name(worker, slot, gen)
             try:
-                _posixshmem.shm_unlink(name)
+                _shm.shm_unlink(name)
             except FileNotFoundError:
                 continue
-            resource_tracker.unregister(name, "shared_memory")
+            _tracker.unregister(name, "shared_memory")

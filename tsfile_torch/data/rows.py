@@ -33,13 +33,13 @@ the nulls that remain.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
 import torch.utils.data as tud
 
+from tsfile_torch import compat
 from tsfile_torch.catalog.build import Catalog, lay_out
 from tsfile_torch.data.features import fill_missing
 from tsfile_torch.data.handover import as_tensor, batch_arrays
@@ -331,7 +331,8 @@ class TsFileIterableDataset(_Rows, tud.IterableDataset):
     def __iter__(self) -> Iterator:
         # not a generator: the pass begins (and its state is valid) as soon as the loader asks
         # for the iterator, as StatefulDataLoader reads the state right then
-        _refuse_loader_batching(self)
+        if compat.batching_fetcher():
+            _refuse_loader_batching(self)
         cursor, worker, num_workers = self._begin_pass()
         return self._generate(cursor, num_workers, worker)
 
@@ -409,7 +410,6 @@ class TsFileDataset(_Rows, tud.Dataset):
             return self._read_items(index.items)
         if isinstance(index, bool) or not isinstance(index, (int, np.integer)):
             raise TypeError(f"index must be an integer batch number; got {index!r}")
-        _refuse_loader_batching(self)
         n = len(self)
         if not -n <= index < n:
             raise IndexError(f"batch index {index} out of range for {n} batches")
@@ -422,6 +422,11 @@ class TsFileDataset(_Rows, tud.Dataset):
         start = index * self.batch_size
         stop = min(start + self.batch_size, self.num_rows)
         return self._as_batch(*self.core.rows(0, start, stop, out=self._out(stop - start)))
+
+    def __getitems__(self, indices):
+        """Refuse a list of batches: DataLoader asks for one only with ``batch_size`` set, and
+        would stack the batches again (use ``batch_size=None``, or make_loader)."""
+        _refuse_loader_batching(self)
 
 
 #: the hint of the nulls warning (Note: row fill); None: no null reaches a batch as NaN
@@ -462,29 +467,17 @@ def _check_fill(fill: str, order: str, nulls: dict[str, int | None]) -> None:
     )
 
 
-_FETCHERS = ("_IterableDatasetFetcher", "_MapDatasetFetcher")
-
-
 def _refuse_loader_batching(ds) -> None:
-    """Raise if a DataLoader with ``batch_size`` set is about to stack our batches again.
+    """Raise: a DataLoader with ``batch_size`` set is about to stack our batches again.
 
     A row dataset yields whole batches; ``DataLoader(ds)`` (``batch_size=1``, its default)
-    would silently add a leading dimension. torch's fetchers (torch 2.x, and torchdata's of the
-    same names) say whether they batch (``auto_collation``); found by name on the stack, a few
-    frames up. Anything else is left alone.
+    would silently add a leading dimension. A map-style one learns it from DataLoader asking
+    for a list of items (``__getitems__``); an iterable one from torch's fetcher that called
+    its ``__iter__`` (:func:`tsfile_torch.compat.batching_fetcher`).
     """
-    frame = sys._getframe(2)
-    for _ in range(4):
-        if frame is None:
-            return
-        owner = frame.f_locals.get("self")
-        if type(owner).__name__ in _FETCHERS:
-            if getattr(owner, "auto_collation", False):
-                raise ValueError(
-                    f"{type(ds).__name__} yields whole batches of batch_size={ds.batch_size} "
-                    f"rows, and this DataLoader would stack them again (it has batch_size set; "
-                    f"1 is its default): use tsfile_torch.make_loader(ds) or "
-                    f"DataLoader(ds, batch_size=None)"
-                )
-            return
-        frame = frame.f_back
+    raise ValueError(
+        f"{type(ds).__name__} yields whole batches of batch_size={ds.batch_size} "
+        f"rows, and this DataLoader would stack them again (it has batch_size set; "
+        f"1 is its default): use tsfile_torch.make_loader(ds) or "
+        f"DataLoader(ds, batch_size=None)"
+    )

@@ -1,0 +1,261 @@
+"""Every private internal in tsfile_torch/compat.py is still what it was checked to be.
+
+One test per entry of ``compat.INTERNALS``, run against the installed torch, torchdata and
+CPython: each fails (never skips) when the internal is renamed, moved or behaves otherwise.
+A last test keeps the names out of every other module of the package.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import secrets
+import subprocess
+import sys
+import tokenize
+import warnings
+from pathlib import Path
+
+import pytest
+import torch.utils.data as tud
+
+from tsfile_torch import TsFileIterableDataset, compat
+
+PACKAGE = Path(compat.__file__).parent
+
+
+class _Items(tud.IterableDataset):
+    def __iter__(self):
+        return iter(range(8))
+
+
+def _multiprocess_iterator(**kwargs):
+    loader = tud.DataLoader(_Items(), num_workers=2, persistent_workers=True, **kwargs)
+    it = iter(loader)
+    next(it)
+    return loader, it
+
+
+def test_every_entry_names_its_versions_and_what_is_lost_without_it():
+    for key, entry in compat.INTERNALS.items():
+        assert entry.names and entry.used_by and entry.checked_on and entry.missing, key
+    names = [n for e in compat.INTERNALS.values() for n in e.names]
+    assert len(names) == len(set(names))
+
+
+def test_fetcher_torchs_iterable_fetcher_is_found_by_name_and_says_it_batches(small_dir):
+    from torch.utils.data._utils import fetch
+
+    assert fetch._IterableDatasetFetcher.__name__ == "_IterableDatasetFetcher"
+    assert fetch._IterableDatasetFetcher(_Items(), True, None, False).auto_collation is True
+    ds = TsFileIterableDataset(small_dir, batch_size=1000)
+    with pytest.raises(ValueError, match="would stack them again"):
+        next(iter(tud.DataLoader(ds, batch_size=2)))
+    assert next(iter(tud.DataLoader(ds, batch_size=None))).shape[0] == 1000
+
+
+def test_sigchld_torchs_flag_and_installer_are_there_and_set_by_a_pass():
+    from torch.utils.data._utils import signal_handling
+
+    assert callable(signal_handling._set_SIGCHLD_handler)
+    loader, it = _multiprocess_iterator()
+    try:
+        assert signal_handling._SIGCHLD_handler_set is True
+        assert compat.torch_sigchld_flag() is True
+        assert compat.install_torch_sigchld() is True  # a no-op once the flag is set
+    finally:
+        del loader, it
+
+
+def test_worker_pids_are_registered_by_torch_and_forgotten_before_ending_workers():
+    from torch.utils.data._utils import signal_handling
+
+    assert callable(signal_handling._remove_worker_pids)
+    loader, it = _multiprocess_iterator()
+    assert it._worker_pids_set is True
+    compat.forget_worker_pids(it)
+    assert it._worker_pids_set is False
+    with pytest.raises((ValueError, RuntimeError)):  # torch no longer knows them
+        signal_handling._remove_worker_pids(id(it))
+    workers = compat.iterator_workers(it)
+    for w in workers:
+        w.kill()  # no "killed by signal" from torch's SIGCHLD handler
+    compat.shutdown_workers(it)
+    assert not any(w.is_alive() for w in workers)
+
+
+_SHUT: list[int] = []
+
+
+def _record_shutdown(it) -> None:
+    _SHUT.append(id(it))
+
+
+def test_iterator_the_loader_keeps_its_iterator_whose_workers_are_processes():
+    loader, it = _multiprocess_iterator()
+    assert compat.current_iterator(loader) is it  # persistent workers
+    workers = compat.iterator_workers(it)
+    assert len(workers) == 2
+    assert all(isinstance(w, multiprocessing.process.BaseProcess) for w in workers)
+    _SHUT.clear()
+    compat.wrap_shutdown(it, _record_shutdown)
+    compat.wrap_shutdown(it, _record_shutdown)  # once per iterator class
+    compat.drop_iterator(loader, it)
+    assert compat.current_iterator(loader) is None
+    compat.shutdown_workers(it)
+    assert _SHUT == [id(it)]
+    assert not any(w.is_alive() for w in workers)
+    single = iter(tud.DataLoader(_Items()))
+    assert compat.iterator_workers(single) == []  # the single-process iterator has none
+
+
+def test_fed_queues_index_queues_say_when_their_feeder_is_gone():
+    loader, it = _multiprocess_iterator()
+    try:
+        queues = it._index_queues
+        assert len(queues) == 2
+        assert compat.unfed_queues(it) == [False, False]  # fed: their feeders run
+        queues[0]._close()  # what the garbage collector runs first in a cycle
+        assert compat.unfed_queues(it)[0] is True
+        fresh = multiprocessing.get_context("fork").Queue()
+        assert fresh._thread is None and not compat._unfed(fresh)  # nothing put yet
+    finally:
+        compat.drop_iterator(loader, it)
+        compat.forget_worker_pids(it)
+        for w in compat.iterator_workers(it):
+            w.kill()
+        compat.shutdown_workers(it)
+
+
+def test_posix_shm_makes_tracks_and_unlinks_a_segment():
+    assert os.name == "posix"  # the platforms this suite runs on have it (Windows: None)
+    shm, tracker = compat.posix_shm()
+    name = f"/tsfile-torch-compat-{secrets.token_hex(4)}"
+    tracker.ensure_running()
+    tracker.register(name, "shared_memory")
+    fd = shm.shm_open(name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+    try:
+        assert os.fstat(fd).st_mode & 0o777 == 0o600
+    finally:
+        os.close(fd)
+        shm.shm_unlink(name)
+        tracker.unregister(name, "shared_memory")
+    with pytest.raises(FileNotFoundError):
+        shm.shm_unlink(name)
+
+
+_EXIT = r"""
+import os, sys
+from multiprocessing import util
+from tsfile_torch import compat
+
+marker = sys.argv[1]
+open(marker, "w").close()
+def remove(path):
+    os.unlink(path)
+util.Finalize(None, remove, args=(marker,), exitpriority=0)
+temp = util.get_temp_dir()
+compat.run_exit_finalizers(remove)
+print(os.path.exists(marker), os.path.exists(temp))
+"""
+
+
+def test_exit_finalizers_remove_the_temp_dir_and_ours(tmp_path):
+    from multiprocessing import util
+
+    assert isinstance(util._finalizer_registry, dict)
+    assert callable(util._remove_temp_dir)
+    held = _Items()
+    finalizer = util.Finalize(held, _record_shutdown, args=(0,))
+    assert finalizer._callback is _record_shutdown
+    assert finalizer in util._finalizer_registry.values()
+    finalizer.cancel()
+    env = {**os.environ, "PYTHONPATH": f"{PACKAGE.parent}{os.pathsep}"}
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT, str(tmp_path / "marker")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["False", "False"]  # both removed
+
+
+def test_a_missing_internal_warns_once_and_turns_only_its_mechanism_off(monkeypatch):
+    from torch.utils.data._utils import signal_handling
+
+    monkeypatch.delattr(signal_handling, "_set_SIGCHLD_handler")
+    compat._warn_missing.cache_clear()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert compat.install_torch_sigchld() is False
+        assert compat.install_torch_sigchld() is False
+    assert [w.category for w in caught] == [compat.CompatWarning]
+    assert "_set_SIGCHLD_handler" in str(caught[0].message)
+    assert "worker_reports is off" in str(caught[0].message)
+    compat._warn_missing.cache_clear()
+
+
+def test_the_native_symbols_listed_are_the_fork_fixs():
+    from tsfile_torch.native import forkfix
+
+    symbols = (forkfix._POOL_SYMBOL, forkfix._INIT_SYMBOL, forkfix._SIZE_SYMBOL)
+    assert compat.NATIVE_SYMBOLS == symbols
+
+
+#: code names (not strings or comments) of the internals compat reaches, and of those it
+#: replaced with public routes (torch's fetcher classes, pin_memory module, frame walks...)
+_PRIVATE = {
+    "_posixshmem",
+    "resource_tracker",
+    "_finalizer_registry",
+    "_remove_temp_dir",
+    "_callback",
+    "_SIGCHLD_handler_set",
+    "_set_SIGCHLD_handler",
+    "_remove_worker_pids",
+    "_worker_pids_set",
+    "_index_queues",
+    "_shutdown_workers",
+    "_workers",
+    "_iterator",
+    "_thread",
+    "_getframe",
+    "_MapDatasetFetcher",
+    "_IterableDatasetFetcher",
+    "_utils",
+    "python_exit_status",
+    "_get_iterator",
+    "_auto_collation",
+    "_index_sampler",
+}
+
+
+def test_no_other_module_of_the_package_names_a_private_internal():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.name == "compat.py":
+            continue
+        with path.open("rb") as fh:
+            for tok in tokenize.tokenize(fh.readline):
+                text = tok.string
+                if tok.type == tokenize.NAME and text in _PRIVATE:
+                    found.append(f"{path.relative_to(PACKAGE)}:{tok.start[0]} {text}")
+                if tok.type == tokenize.STRING and ("_snapshot" in text or "._utils" in text):
+                    found.append(f"{path.relative_to(PACKAGE)}:{tok.start[0]} {text}")
+    assert found == []
+
+
+class _Pinnable:
+    def pin_memory(self):
+        return "pinned"
+
+
+def test_pinning_through_public_calls_keeps_the_batch_structure():
+    """torch's private pin_memory module replaced: each part's own ``pin_memory()``, the
+    structure around it kept (tensors: tests/test_pin_memory.py, where an accelerator is)."""
+    from tsfile_torch.loader import pinned
+
+    batch = {"x": _Pinnable(), "pair": (_Pinnable(), "name", 3), "list": [_Pinnable()]}
+    assert pinned(batch) == {"x": "pinned", "pair": ("pinned", "name", 3), "list": ["pinned"]}
