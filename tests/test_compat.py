@@ -109,24 +109,6 @@ def test_iterator_the_loader_keeps_its_iterator_whose_workers_are_processes():
     assert compat.iterator_workers(single) == []  # the single-process iterator has none
 
 
-def test_fed_queues_index_queues_say_when_their_feeder_is_gone():
-    loader, it = _multiprocess_iterator()
-    try:
-        queues = it._index_queues
-        assert len(queues) == 2
-        assert compat.unfed_queues(it) == [False, False]  # fed: their feeders run
-        queues[0]._close()  # what the garbage collector runs first in a cycle
-        assert compat.unfed_queues(it)[0] is True
-        fresh = multiprocessing.get_context("fork").Queue()
-        assert fresh._thread is None and not compat._unfed(fresh)  # nothing put yet
-    finally:
-        compat.drop_iterator(loader, it)
-        compat.forget_worker_pids(it)
-        for w in compat.iterator_workers(it):
-            w.kill()
-        compat.shutdown_workers(it)
-
-
 def test_posix_shm_makes_tracks_and_unlinks_a_segment():
     assert os.name == "posix"  # the platforms this suite runs on have it (Windows: None)
     shm, tracker = compat.posix_shm()

@@ -6,7 +6,12 @@ that finds its internal missing warns once (:class:`CompatWarning`) and turns on
 mechanism off, never silently. ``tests/test_compat.py`` checks every entry against the
 installed torch, torchdata and CPython and fails (never skips) when one has changed.
 
-Private names counted (the limit of 8 in shared/DESIGN.md counts names): see :data:`INTERNALS`.
+13 private names in 6 entries remain, above the limit of 8 that shared/DESIGN.md counts in
+names: ``posix_shm`` goes with the ring (or a move to ``multiprocessing.shared_memory``),
+``sigchld`` with the SIGCHLD wrapping, if #44's A/B of those mechanisms drops them. A
+run-time exception: a worker ending on SIGTERM has nowhere to warn, so
+:func:`run_exit_finalizers` does nothing where its internals are missing.
+
 The native tsfile symbols the fork fix reaches (:mod:`tsfile_torch.native.forkfix`, gated by
 its own self-test) are listed in :data:`NATIVE_SYMBOLS` and not counted.
 
@@ -39,7 +44,6 @@ __all__ = [
     "set_torch_sigchld_flag",
     "shutdown_workers",
     "torch_sigchld_flag",
-    "unfed_queues",
     "wrap_shutdown",
 ]
 
@@ -88,21 +92,12 @@ INTERNALS = {
             "_MultiProcessingDataLoaderIter._shutdown_workers",
         ),
         "loader.py: a failed pass's workers are ended and the next pass starts new ones; "
-        "worker failure reports name the workers; workers ended at interpreter exit",
+        "worker failure reports name the workers; workers ended at interpreter exit; the "
+        "shutdown run by a garbage collection ends the workers first (the iterator's class "
+        "swapped for a subclass: Note: an iterator collected in a cycle)",
         "torch 2.1 to 2.13, torchdata 0.11",
         "a failed pass's workers are left to torch's shutdown (the next pass may wait on "
         "them) and failure reports name no worker",
-    ),
-    "fed_queues": Internal(
-        (
-            "_MultiProcessingDataLoaderIter._index_queues",
-            "multiprocessing.queues.Queue._thread",
-            "multiprocessing.queues.Queue._close",
-        ),
-        "loader.py: Note: an iterator collected in a cycle (workers no queue can reach are "
-        "ended, not waited on)",
-        "torch 2.1 to 2.13, torchdata 0.11, CPython 3.10 to 3.13",
-        "such a collection waits 5 s per worker, as plain torch does",
     ),
     "posix_shm": Internal(
         ("_posixshmem", "multiprocessing.resource_tracker"),
@@ -272,26 +267,6 @@ def _wrapped(cls: type, before) -> type:
 
     body = {"_shutdown_workers": _shutdown_workers, "_tsfile_torch_wrapped": True}
     return type(cls.__name__, (cls,), body)
-
-
-def unfed_queues(it) -> list[bool]:
-    """Return, per worker of ``it``, whether nothing put on its index queue reaches it any more:
-    the queue's close finalizer ran (its feeder thread then ends) or its feeder thread ended."""
-    queues = getattr(it, "_index_queues", None)
-    if queues is None:
-        _warn_missing("fed_queues", f"{type(it).__name__}._index_queues")
-        return []
-    return [_unfed(q) for q in queues]
-
-
-def _unfed(queue) -> bool:
-    if not hasattr(queue, "_thread") or not hasattr(queue, "_close"):
-        _warn_missing("fed_queues", "multiprocessing.queues.Queue._thread / _close")
-        return False
-    thread, close = queue._thread, queue._close
-    if thread is None:
-        return False  # nothing put yet: a put starts the feeder
-    return not thread.is_alive() or (close is not None and not close.still_active())
 
 
 # -- POSIX shared memory ------------------------------------------------------------------------

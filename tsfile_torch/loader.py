@@ -39,6 +39,7 @@ import atexit
 import collections.abc
 import ctypes
 import functools
+import gc
 import logging
 import multiprocessing
 import os
@@ -453,6 +454,7 @@ class _Guarded:
             raise
         if self.num_workers:
             _end_workers_at_exit()
+            _watch_collections()
             _LOADERS.add(self)
         out = _Pass(self, inner, scope, start, sums)
         self._running = weakref.ref(out)
@@ -587,13 +589,16 @@ def _retire(loader, failed, gentle: bool = False) -> None:
 
 #: set at interpreter exit (Note: an iterator collected in a cycle)
 _exiting = False
+#: the thread running a garbage collection now, if any (:func:`_watch_collections`)
+_collecting: int | None = None
 
 
 def _end_unreachable(it) -> None:
-    """SIGTERM (a worker then removes what it made) the live workers of ``it`` whose index
-    queue is no longer fed: torch's shutdown, called next, asks a worker to stop through that
-    queue and would wait 5 s for each. Not at interpreter exit (torch's shutdown then does
-    nothing; :func:`_end_workers_at_exit` ends the workers).
+    """SIGTERM (a worker then removes what it made) the live workers of ``it`` when the garbage
+    collector is what shuts it down: torch's shutdown, called next, asks a worker to stop
+    through its index queue, which the collection may have closed already, and would wait 5 s
+    for each. Not at interpreter exit (torch's shutdown then does nothing;
+    :func:`_end_workers_at_exit` ends the workers).
 
     Note: an iterator collected in a cycle. A kept error (a traceback held by a notebook, a
     logger, ``pytest.raises``) or a loader held in a cycle puts the iterator in a reference
@@ -601,21 +606,33 @@ def _end_unreachable(it) -> None:
     feeder threads) before the iterator's ``__del__``, whose shutdown then asks each worker to
     stop through a queue nobody feeds and waits 5 s for each: a 10 s stall, with 2 workers, of
     whatever line allocated when the collection came (measured in this project's tests). Here
-    the shutdown (reached through :func:`tsfile_torch.compat.wrap_shutdown`) first ends, by
-    SIGTERM, the workers whose index queue is no longer fed. A pass that ended in an error
-    keeps its workers until then (a caller may catch the error and go on: a map-style pass's
-    other batches still come).
+    a shutdown (reached through :func:`tsfile_torch.compat.wrap_shutdown`) run by a garbage
+    collection (``gc.callbacks``, :func:`_watch_collections`) first ends the live workers by
+    SIGTERM; other shutdowns (an epoch's end, a loader dropped outside a collection) ask them
+    as torch does. A pass that ended in an error keeps its workers until then (a caller may
+    catch the error and go on: a map-style pass's other batches still come).
     """
-    if _exiting is not False:
+    if _exiting is not False or _collecting != threading.get_ident():
         return
-    workers = compat.iterator_workers(it)
-    unfed = compat.unfed_queues(it)
-    unreachable = [w for w, u in zip(workers, unfed, strict=False) if u and w.is_alive()]
+    unreachable = [w for w in compat.iterator_workers(it) if w.is_alive()]
     if not unreachable:
         return
     compat.forget_worker_pids(it)  # before the signal
     for w in unreachable:
         w.terminate()
+
+
+def _collection(phase: str, info: dict) -> None:
+    global _collecting
+    _collecting = threading.get_ident() if phase == "start" else None
+
+
+@functools.cache
+def _watch_collections() -> None:
+    """Note which thread runs a garbage collection (``gc.callbacks``; Note: an iterator
+    collected in a cycle); installed with the first loader with workers, for the process's
+    life, as :func:`_end_workers_at_exit`."""
+    gc.callbacks.append(_collection)
 
 
 #: loaders whose workers may be running (their iterators are ended at interpreter exit)
