@@ -269,14 +269,13 @@ def test_file_urls_are_local_files_read_in_place(small_dir, small_expected):
 
 @pytest.mark.slow  # S3 round trips and fresh interpreters
 def test_bench_on_a_url_times_fetch_and_later_epochs_beside_the_local_copies(
-    s3_server, bucket, tmp_path, capsys
+    s3_server, bucket, tmp_path, capsys, bench_script
 ):
     import json
 
-    from tsfile_torch.cli import main
-
+    main = bench_script("remote").main  # benchmarks/remote.py (moved out of the package)
     out = tmp_path / "remote.jsonl"
-    argv = ["bench", "--data", f"s3://{bucket}/data/", "--quick", "--batch-size", "1000"]
+    argv = [f"s3://{bucket}/data/", "--quick", "--batch-size", "1000"]
     options = json.dumps(s3_server.storage_options)
     assert main([*argv, "--storage-options", options, "--json", str(out)]) == 0
     records = [json.loads(line) for line in out.read_text().splitlines()]

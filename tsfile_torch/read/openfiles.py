@@ -68,6 +68,10 @@ class OpenFiles:
     def __len__(self) -> int:
         return len(self._readers)
 
+    def is_open(self, file_index: int) -> bool:
+        """Whether file ``file_index`` has an open reader here."""
+        return file_index in self._readers
+
     def reader(self, file_index: int):
         """Return the open reader of ``file_index``, opening it (and maybe closing the LRU one)."""
         if self.pid != os.getpid():

@@ -41,7 +41,8 @@ waits for the decodes ahead running then (``os.register_at_fork``: they run thro
 reader's gate, which the forking thread closes before the fork and reopens after; two threads
 may fork at once), and the child drops what every reader copied (pools without threads, pending
 decodes) and starts its own threads when it reads. The caller's own decode threads are idle
-whenever its thread forks.
+whenever its thread forks. A URL's download is done before the gate (``Source.prepare``): a fork
+never waits on the network (it waited forever on a download stuck in s3fs).
 
 Note: an error stops its read-ahead. A read that raises (a damaged block, memory run out, a
 KeyboardInterrupt) first cancels the decodes ahead that no thread has started and waits for the
@@ -287,6 +288,15 @@ class ReadAhead:
         """Decode rows ``[lo, hi)`` of group ``gi`` through ``files`` in the background; None:
         nothing to take (the reader is gone, or the file's pread reader would not open: the
         caller then decodes the block itself)."""
+        try:  # a download is no native work: done before the gate, a fork never waits on it
+            r = self.reader
+            index = r.catalog.groups[gi].file_index
+            if not files.is_open(index):
+                r.catalog.files[index].source.prepare()
+        except ReferenceError:
+            return None
+        except (TsFileTorchError, OSError):
+            pass  # the open below meets it again, and says so
         with self.gate:  # a fork waits for this decode (Note: read-ahead and fork)
             try:
                 r = self.reader

@@ -80,6 +80,11 @@ class Source:
         """Return what ``TsFileReader`` opens in this process (a path or a file object)."""
         raise NotImplementedError
 
+    def prepare(self) -> None:
+        """Do the slow non-native part of :meth:`reader_target` (a download) now; by default
+        nothing. Read-ahead calls it before it enters the gate a fork waits on (Note:
+        read-ahead and fork in :mod:`tsfile_torch.read.readahead`)."""
+
     @contextlib.contextmanager
     def metadata_target(self) -> Iterator[str | IO[bytes]]:
         """Yield what the catalog reads metadata through (remote: range reads, no download)."""

@@ -220,6 +220,9 @@ class RemoteFile(Source):
     def reader_target(self) -> str:
         return fetch(self)
 
+    def prepare(self) -> None:
+        fetch(self)
+
     def metadata_target(self):
         return open_metadata(self)
 
