@@ -167,10 +167,15 @@ def _freq(value) -> int | pd.Timedelta | None:
 
 def _alias(step: pd.Timedelta) -> str:
     """Return a short name of a step (``"15min"``)."""
+    return step_alias(step) or str(step)
+
+
+def step_alias(step: pd.Timedelta) -> str | None:
+    """Return a step as a pandas offset alias (``"15min"``, ``"1h"``), or None if it has none."""
     try:
         alias = pd.tseries.frequencies.to_offset(step).freqstr
     except ValueError:
-        return str(step)
+        return None
     return alias if alias[:1].isdigit() else f"1{alias}"  # "1h", not "h"
 
 

@@ -44,7 +44,7 @@ from tsfile_torch.data.window_items import (
     pad_windows,
     window_loader_spec,
 )
-from tsfile_torch.data.window_spec import WindowSpec
+from tsfile_torch.data.window_spec import WindowSpec, step_alias
 from tsfile_torch.errors import SchemaError, warn_caller
 from tsfile_torch.options import TIME_UNITS, ReadOptions, format_timestamp, to_timestamp
 from tsfile_torch.read.blockcache import Block
@@ -743,11 +743,7 @@ def _warn_holes(ds, core: ReadingCore) -> None:
 def _span(step: int, unit: str) -> str:
     """Return a step in ``unit`` as a pandas offset alias (``"15min"``)."""
     nanos = step * (10**9 // TIME_UNITS[unit])
-    try:
-        alias = pd.tseries.frequencies.to_offset(pd.Timedelta(nanos, "ns")).freqstr
-    except ValueError:
-        return f"{step}{unit}"
-    return alias if alias[:1].isdigit() else f"1{alias}"  # "1h", not "h"
+    return step_alias(pd.Timedelta(nanos, "ns")) or f"{step}{unit}"
 
 
 def _missing_fraction(ds, k: int, starts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tsfile_torch.catalog.build import Catalog, ReadGroup
-from tsfile_torch.errors import SKIP_HINT, SchemaError, TsFileFormatError
+from tsfile_torch.errors import SchemaError, TsFileFormatError
 from tsfile_torch.integrity.checks import StatisticsCheck
 from tsfile_torch.options import DEFAULT_MAX_OPEN_FILES
 from tsfile_torch.read.blockcache import Block, BlockCache
@@ -37,7 +37,7 @@ from tsfile_torch.read.exchange import fill_cache
 from tsfile_torch.read.openfiles import OpenFiles
 from tsfile_torch.read.readahead import FIRST_BLOCK_ROWS, ReadAhead, stopping_on_error
 from tsfile_torch.read.readahead import local_rows as _local_rows
-from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE
+from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, time_column_damaged
 
 __all__ = [
     "BatchReader",
@@ -523,12 +523,10 @@ def read_times(reader: BatchReader, columns: tuple[int, ...]) -> Iterator[np.nda
         group = view.groups[gi]
         if len(times) != group.num_rows:
             name = reader.catalog.files[group.file_index].name
-            raise TsFileFormatError(  # worded as the timeline index's (Note: whole time column)
-                f"{name}: device {'.'.join(map(str, group.device))}: the time column read from "
-                f"row 0 (time {group.start_time}) to time {group.end_time} returned "
-                f"{len(times)} timestamps, which disagrees with the metadata's {group.num_rows} "
-                f"rows ending at {group.end_time}; the file is damaged or changed; {SKIP_HINT}"
-            )
+            device = f"{name}: device {'.'.join(map(str, group.device))}"
+            t0, t1 = group.start_time, group.end_time
+            message = time_column_damaged(device, 0, t0, t1, len(times), group.num_rows, t1)
+            raise TsFileFormatError(message)
         yield times
 
 

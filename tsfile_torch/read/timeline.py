@@ -181,11 +181,18 @@ class TimeIndex:
                 self._step *= 2  # sampled more sparsely than the mean here: widen the next read
 
     def _damaged(self, row: int, t0: int, t1: int, got: int) -> str:
-        return (
-            f"{self._name}: the time column read from row {row} (time {t0}) to time {t1} "
-            f"returned {got} timestamps, which disagrees with the metadata's {self.num_rows} rows "
-            f"ending at {self.end_time}; the file is damaged or changed; {SKIP_HINT}"
-        )
+        return time_column_damaged(self._name, row, t0, t1, got, self.num_rows, self.end_time)
+
+
+def time_column_damaged(
+    name: str, row: int, t0: int, t1: int, got: int, num_rows: int, end_time: int
+) -> str:
+    """The message of a time column whose read disagrees with its metadata (a damaged file)."""
+    return (
+        f"{name}: the time column read from row {row} (time {t0}) to time {t1} "
+        f"returned {got} timestamps, which disagrees with the metadata's {num_rows} rows "
+        f"ending at {end_time}; the file is damaged or changed; {SKIP_HINT}"
+    )
 
 
 def _cache_path(directory: str, key: str, group: ReadGroup, stride: int) -> str:
