@@ -51,7 +51,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch import compat
+from tsfile_torch import compat, mechanisms
 from tsfile_torch.data.handover import WorkerRing
 from tsfile_torch.data.ring import (
     RingBatch,
@@ -474,6 +474,7 @@ class _Guarded:
             return False  # row gathers: copies wherever made, the workers make them in parallel
         return (
             self._main_ok
+            and mechanisms.on("kept")
             and self.num_workers > 0
             and all(shares_store(c) and kept_whole(c) for c in cores)
         )
@@ -500,7 +501,9 @@ class _Guarded:
 
     def _epoch_sums(self) -> EpochSums | None:
         ds, spec = self._view, self._spec
-        if self._sums_checked or spec.epoch_sums is None or not spec.epoch_sums():
+        if self._sums_checked or spec.epoch_sums is None or not mechanisms.on("epoch_sums"):
+            return None
+        if not spec.epoch_sums():
             return None
         if self.dataset is not ds:  # a Subset: not every row once
             return None

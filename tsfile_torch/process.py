@@ -56,7 +56,7 @@ import sys
 import threading
 import weakref
 
-from tsfile_torch import compat
+from tsfile_torch import compat, mechanisms
 from tsfile_torch.integrity.reports import (
     ReadSlots,
     crash_report_path,
@@ -90,7 +90,7 @@ TESTED_ON = {
     "parent_guard": "Linux (prctl); elsewhere a watchdog thread",
 }
 _on = {name: True for name in EFFECTS}
-_on["worker_reports"] = _on["worker_reports"] and hasattr(signal, "SIGCHLD")
+_on["worker_reports"] = hasattr(signal, "SIGCHLD") and mechanisms.on("sigchld")
 
 
 def _check(names) -> tuple[str, ...]:

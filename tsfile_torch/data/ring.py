@@ -44,7 +44,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from tsfile_torch import compat
+from tsfile_torch import compat, mechanisms
 from tsfile_torch.data.handover import (
     DETACHED,
     FREE,
@@ -70,7 +70,7 @@ HOLD = 2
 def ring_available() -> bool:
     """Return whether this platform has the POSIX shared memory the ring needs (Note: ring
     platforms)."""
-    return _shm is not None
+    return _shm is not None and mechanisms.on("ring")
 
 
 def _reserve(fd: int, size: int) -> None:

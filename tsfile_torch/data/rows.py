@@ -39,7 +39,7 @@ import numpy as np
 import torch
 import torch.utils.data as tud
 
-from tsfile_torch import compat
+from tsfile_torch import compat, mechanisms
 from tsfile_torch.catalog.build import Catalog, lay_out
 from tsfile_torch.data.features import fill_missing
 from tsfile_torch.data.handover import as_tensor, batch_arrays
@@ -228,7 +228,9 @@ class _Rows(View):
         """Return the reader for a pass of ``order`` in ``epoch``: a sequential streaming pass
         decodes ahead for the next one (Note: read-ahead)."""
         reader = self.core.start_epoch(epoch)
-        reader.ahead.next_pass = order in orders.IN_ORDER and self.options.cache == "none"
+        reader.ahead.next_pass = (
+            order in orders.IN_ORDER and self.options.cache == "none" and mechanisms.on("readahead")
+        )
         return reader
 
     def _out(self, n: int):

@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import os
 
+from tsfile_torch import mechanisms
+
 __all__ = ["TESTED_ON", "tune_malloc"]
 
 logger = logging.getLogger(__name__)
@@ -28,7 +30,7 @@ _TUNED_PID: int | None = None
 
 
 #: False: never tune (tsfile_torch.process.disable("malloc")).
-enabled = True
+enabled = mechanisms.on("malloc")
 
 
 def tune_malloc() -> bool:

@@ -40,6 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tsfile_torch import mechanisms
 from tsfile_torch.catalog.build import (
     Catalog,
     check_shared_timeline,
@@ -473,6 +474,8 @@ class ReadingCore:
         ``table`` over by reference (Note: hand-over); ``table=None``: a gather from the whole
         tables ``tables`` (empty: all), each kept whole in a store the main process maps (no
         before the rows are there: never a batch the main process would have to decode)."""
+        if not mechanisms.on("kept"):
+            return False
         store = self.store() if self.hand_over and shares_store(self) else None
         if store is None or table is None:
             if store is None or store is not self.whole_store():
@@ -596,6 +599,8 @@ def share_blocks(core: ReadingCore, num_workers: int, rows: int, fields: int) ->
     finalized blocks of :meth:`ReadingCore.block`)."""
     o = core.options
     if o.cache != "none" or num_workers < 2 or o.cache_bytes == 0 or core._exchange is not None:
+        return
+    if not mechanisms.on("exchange"):
         return  # one per core: the processes of every loader over it take columns of their own
     capacity = o.cache_bytes
     if capacity is None:

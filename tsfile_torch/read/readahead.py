@@ -62,6 +62,7 @@ import threading
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
+from tsfile_torch import mechanisms
 from tsfile_torch.catalog.build import ReadGroup
 from tsfile_torch.errors import TsFileTorchError
 from tsfile_torch.pids import usable_cpus
@@ -133,7 +134,9 @@ class ReadAhead:
         self.begun: set[int] = set()  # groups read since the pass began
         self.later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
         self.heads: dict[tuple[int, int], Block] = {}  # first reads, decoded small
-        self.small_first = True  # the first pass of the process (see the module notes)
+        self.small_first = mechanisms.on(
+            "first_read"
+        )  # the first pass of the process (see the module notes)
         #: the pass is sequential and keeps nothing: decode the next pass's first blocks
         self.next_pass = False
         self.first: dict[int, int] = {}  # group -> the block this pass began with
