@@ -2,7 +2,8 @@
 
 Every value is :func:`value_of` ``(file, column, row)``: an integer part that names the file and
 the column, plus a pseudo-random 53-bit fraction from a hash of (file, column, row), so values are
-unique and barely compressible, like noisy sensor data (GORILLA + LZ4 store ~6.5 bytes per value).
+unique and barely compressible, like noisy sensor data (GORILLA + LZ4 keep most of each value's
+8 bytes).
 Tests compare with ``value_of(...)`` converted to the output dtype, which is exact.
 Timestamps are ``start_time + row * interval``.
 """

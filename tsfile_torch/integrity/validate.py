@@ -11,7 +11,7 @@ in a child process (Note: validation child):
   whose series have several chunks, also read every device's time column to its end (as the
   timeline index does before a read: Note: whole time column first in
   :mod:`tsfile_torch.read.timeline`): a later time-chunk header that crashes tsfile's reader
-  crashes the child, not the training process; about a tenth of decoding 8 DOUBLE fields.
+  crashes the child, not the training process; cheap beside decoding the values.
 - ``full`` (``tsfile-torch verify``): additionally decode every row of every series, with every
   check of :mod:`tsfile_torch.integrity.checks` (timestamps, min / max, first / last, sum).
 

@@ -1,12 +1,12 @@
 """Note: tsfile and fork. The one place that writes into tsfile's native library after fork().
 
-Opening a ``TsFileReader`` uses tsfile's native decode thread pool (tsfile 2.5.0: 6 threads, held
-by the global pointer ``common::g_thread_pool_`` of libtsfile, created by ``common::init_common``
-when the library loads). Threads do not survive ``fork()``: a forked child that decodes with the
+Opening a ``TsFileReader`` uses tsfile's native decode thread pool (tsfile 2.5.0: 6 threads, held by
+the global pointer ``common::g_thread_pool_`` of libtsfile, created by ``common::init_common`` when
+the library loads). Threads do not survive ``fork()``: a forked child that decodes with the
 inherited pool waits forever in ``AlignedChunkReader::decode_all_planned_pages``. Nulling the
-pointer makes tsfile decode inline in the calling thread, but the inline path is not the pooled
-one: on a damaged data page it was seen to spin forever at 100% CPU where the pooled path raises
-``TsFileCorruptedError`` (see TSFILE_NOTES.md). So, after every fork:
+pointer makes tsfile decode inline in the calling thread, but the inline path is not the pooled one:
+on a damaged data page it can spin forever where the pooled path raises ``TsFileCorruptedError``
+(see TSFILE_NOTES.md). So, after every fork:
 
 1. the child's copy of the pointer is nulled (the parent's pool object is never touched again;
    its memory is simply left behind in the child), and
@@ -18,8 +18,8 @@ Note: fork fix self-test. The fix needs the two symbols in the loaded libtsfile 
 ``/proc/self/maps``: Linux). On the tsfile versions in :data:`TESTED_VERSIONS` that is enough.
 On any other version the fix is proved before it is used: the first :func:`fork_safe` (a
 loader's start method) or first open of a reader in the process runs :func:`_self_test_child`
-in a fresh interpreter (about a second: it writes a small TsFile, reads it, forks, and the child
-must read the same values within 20 s through a rebuilt, resized pool), and the outcome is
+in a fresh interpreter (it writes a small TsFile, reads it, forks, and the child must read
+the same values within 20 s through a rebuilt, resized pool), and the outcome is
 remembered per tsfile version and library file (Note: remembered verdicts in
 :mod:`tsfile_torch.sources.content`), so a machine runs it once. Where the self-test fails, or
 the symbols are gone from an untested version, the fix stays off and one warning per process
@@ -29,11 +29,9 @@ switches it off. Where it is not active, :func:`fork_safe` is False:
 :func:`tsfile_torch.make_loader` starts workers with ``forkserver``, and a plainly forked child
 of a process that used tsfile refuses to open readers (an error, never a hang).
 
-Note: native pool size. tsfile sizes that pool at 6 threads in every process, whatever the machine:
-on 2 cores, sequential streaming epochs with ``num_workers=0`` were 0.89x as long with a pool of 2
-threads as with 6, and with 2 DataLoader workers 0.92x as long with 1 thread each as with 6 each
-(12 threads on 2 cores; medians of 14 pairs of processes, the smaller pool faster in every pair:
-``benchmarks/RESULTS.md``, "tsfile's native pool sized per process"). So the first reader each
+Note: native pool size. tsfile sizes that pool at 6 threads in every process, whatever the
+machine, and more decode threads than a process's share of the cores make epochs slower
+(benchmarks/RESULTS.md, "tsfile's native pool sized per process"). So the first reader each
 process opens through tsfile-torch first sizes the pool to that process's share of the machine,
 :func:`tsfile_torch.pids.cpu_share` (the usable CPUs over the workers times the ranks on the
 machine), at most tsfile's own 6: through ``common::set_thread_count`` (tsfile's header: it

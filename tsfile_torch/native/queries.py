@@ -1,7 +1,7 @@
 """Thin helpers over tsfile's prepared-series API, shared by the catalog and the reader.
 
-``prepare_series`` parses a series' metadata once; queries on the handles then cost ~5 us
-instead of ~140 us for ``query_table``. Queries here always address data by **time range**:
+``prepare_series`` parses a series' metadata once, so queries on the handles skip the metadata
+work that each ``query_table`` call repeats. Queries here always address data by **time range**:
 tsfile 2.5.0 decodes every page from ``offset`` to the end of a series whatever ``limit`` says,
 while a time range prunes pages by their statistics (see shared/TSFILE_NOTES.md).
 """

@@ -1,13 +1,11 @@
 """BlockCache: decoded blocks kept by key in a byte-bounded LRU, with their buffers recycled.
 
 (Note: recycled buffers.) Blocks dropped from the cache keep their memory in a spare list and are
-refilled by the next decode: fresh arrays would page-fault every epoch (measured: ~140k minor
-faults per streaming epoch of the reference workload). A spare serves any block of as many
-fields and at most as many rows: a worker's stretch of random batches is new each epoch, and
-spares kept by exact shape were never reused, so they piled up (about 18 MiB an epoch per worker
-on the reference workload) and every epoch faulted fresh pages. Spares beyond the cache's
-capacity (at least :data:`MIN_SPARE_BYTES`) are dropped, smallest first. A block over another
-process's memory (Note: block exchange in :mod:`tsfile_torch.read.exchange`) is never
+refilled by the next decode, so an epoch does not fault fresh pages in (benchmarks/RESULTS.md,
+"Reused decode buffers"). A spare serves any block of as many fields and at most as many rows,
+because a worker's stretch of random batches, and so its blocks' shapes, changes each epoch. Spares
+beyond the cache's capacity (at least :data:`MIN_SPARE_BYTES`) are dropped, smallest first. A block
+over another process's memory (Note: block exchange in :mod:`tsfile_torch.read.exchange`) is never
 recycled: dropping it releases it to its owner instead."""
 
 from __future__ import annotations

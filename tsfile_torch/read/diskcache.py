@@ -33,19 +33,19 @@ epochs, later runs, other jobs on the machine) shares one decoded copy through t
   the same seal). After a reboot an entry is started afresh (its header's boot id differs): data
   pages and flag pages reach the disk in no fixed order, so a crash could have kept flags
   without their data.
-- **Checks** (Note: checked blocks, :class:`BlockSeals`): rows are served only from sealed
-  blocks (``check_rows`` = :data:`CHECK_ROWS` rows of one table): a block passes the
-  statistics checks fresh decodes get (timestamps increasing and inside the series' range,
-  values inside [min, max]: :class:`~tsfile_torch.integrity.checks.KeptRowsCheck`) before it is
-  sealed with an HMAC-SHA256 of its values, timestamps and flags (with the entry's key and the
-  block number) under the directory's secret, and each process verifies that seal once per
-  block before serving it: who cannot read the secret cannot seal rows of their own. A mismatch
-  warns once per process and entry (:class:`~tsfile_torch.errors.CacheMismatchWarning`, naming
-  the entry file) and the block is decoded from the TsFile again and rewritten. Cost: HMAC-SHA256
-  runs at ~1.1 GB/s here (SHA extensions), once per block and process (the statistics once per
-  block, when it is sealed); nothing in later epochs of a process. What it cannot catch: with
-  ``check_statistics=False``, a ``filled`` flag set on rows never written, in a block that a
-  later put completes, is sealed over what those rows hold.
+- **Checks** (Note: checked blocks, :class:`BlockSeals`): rows are served only from sealed blocks
+  (``check_rows`` = :data:`CHECK_ROWS` rows of one table): a block passes the statistics checks
+  fresh decodes get (timestamps increasing and inside the series' range, values inside [min, max]:
+  :class:`~tsfile_torch.integrity.checks.KeptRowsCheck`) before it is sealed with an HMAC-SHA256 of
+  its values, timestamps and flags (with the entry's key and the block number) under the directory's
+  secret, and each process verifies that seal once per block before serving it: who cannot read the
+  secret cannot seal rows of their own. A mismatch warns once per process and entry
+  (:class:`~tsfile_torch.errors.CacheMismatchWarning`, naming the entry file) and the block is
+  decoded from the TsFile again and rewritten. Cost: one HMAC-SHA256 pass per block and process (the
+  statistics once per block, when it is sealed); nothing in later epochs of a process
+  (benchmarks/RESULTS.md, "Keyed cache seals (issue #42, 2026-12-06)"). What it cannot catch: with
+  ``check_statistics=False``, a ``filled`` flag set on rows never written, in a block that a later
+  put completes, is sealed over what those rows hold.
 - **Bound**: before an entry is created, the least recently used entries (by mtime: an open
   touches it) are deleted until it fits in ``cache_limit`` bytes (the same number bounds the
   remote copies, separately, with the same eviction:

@@ -16,7 +16,7 @@ reads that one store: one copy of the rows for the machine instead of one per wo
 worker finds kept there handed over by reference, and once every row is kept the main process
 serves a pass alone (Note: kept passes in :mod:`tsfile_torch.loader`), as with ``cache="disk"``.
 Workers write the same bytes to rows two of them fill at once, values before flags (the
-fence). Spawn and forkserver workers, which cannot inherit it, keep a store each, as before.
+fence). Spawn and forkserver workers, which cannot inherit it, keep a store each.
 """
 
 from __future__ import annotations

@@ -51,8 +51,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-#: Rows decoded per native call and per cache entry. Measured on the reference workload: one
-#: 131,072-row query per file decodes in 0.10 s per epoch, two 65,536-row queries in 0.17 s.
+#: Rows decoded per native call and per cache entry: fewer, larger queries decode an epoch
+#: faster (smaller blocks: benchmarks/RESULTS.md, "Tried and not kept").
 DEFAULT_BLOCK_ROWS = 131072
 #: Upper bound of the default streaming cache, whatever the number of columns.
 DEFAULT_CACHE_CAP = 1 << 30

@@ -8,22 +8,19 @@ then read as the time range ``[time(a // stride * stride), time(ceil(b / stride)
 and the few rows before ``a`` dropped. Reads that start at a group's first row or end at its last
 row need no index entry (the group's time range comes from metadata).
 
-Building an index reads the time column of the group once, through its first series queried as
-two columns (see :func:`tsfile_torch.native.queries.query_times`; measured on a 2M-row,
-8-DOUBLE file: 69 ms, against 211 ms to read all 8 series), in the process that reads, before
-its first read through the index, and is kept for the life of that process; with an index cache
-directory it is also saved there, so later builds of the same dataset, other DataLoader workers
-and later runs load it instead of reading.
+Building an index reads the time column of the group once, through its first series queried as two
+columns (see :func:`tsfile_torch.native.queries.query_times`; cheaper than reading every series), in
+the process that reads, before its first read through the index, and is kept for the life of that
+process; with an index cache directory it is also saved there, so later builds of the same dataset,
+other DataLoader workers and later runs load it instead of reading.
 
 Note: whole time column first. The index is learned to the group's end (in stretches of at most
 :data:`LEARN_ROWS` rows) before any row is read through it, and must then hold exactly the
 metadata's row count, in strictly increasing timestamps. A damaged chunk or page header can make
-tsfile skip a chunk and carry on: every later row then comes from the wrong place, with
-timestamps and values that agree with each other (measured: a flipped chunk marker in the
-second of five chunks of one device handed out 3,000 rows of the wrong times before the count
-was checked at the end). Learned lazily, such rows were handed out before the end of the index
-was reached; learned whole, the missing rows are a TsFileFormatError before the first batch.
-Cost: one pass over the time column per group and process (or a cache load).
+tsfile skip a chunk and carry on: every later row then comes from the wrong place, with timestamps
+and values that agree with each other, so only the row count at the end shows it. Learned whole, the
+missing rows are a TsFileFormatError before the first batch, not after wrong rows went out. Cost:
+one pass over the time column per group and process (or a cache load).
 
 Note: index cache. A saved index is keyed by the identity of the file its marks were read from:
 the identity the reader was opened on (path, size, mtime, ctime, inode, device; see
