@@ -10,8 +10,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import secrets
-import subprocess
-import sys
 import tokenize
 import warnings
 from pathlib import Path
@@ -41,6 +39,7 @@ def test_every_entry_names_its_versions_and_what_is_lost_without_it():
         assert entry.names and entry.used_by and entry.checked_on and entry.missing, key
     names = [n for e in compat.INTERNALS.values() for n in e.names]
     assert len(names) == len(set(names))
+    assert len(names) <= 8  # the limit shared/DESIGN.md sets
 
 
 def test_fetcher_torchs_iterable_fetcher_is_found_by_name_and_says_it_batches(small_dir):
@@ -52,19 +51,6 @@ def test_fetcher_torchs_iterable_fetcher_is_found_by_name_and_says_it_batches(sm
     with pytest.raises(ValueError, match="would stack them again"):
         next(iter(tud.DataLoader(ds, batch_size=2)))
     assert next(iter(tud.DataLoader(ds, batch_size=None))).shape[0] == 1000
-
-
-def test_sigchld_torchs_flag_and_installer_are_there_and_set_by_a_pass():
-    from torch.utils.data._utils import signal_handling
-
-    assert callable(signal_handling._set_SIGCHLD_handler)
-    loader, it = _multiprocess_iterator()
-    try:
-        assert signal_handling._SIGCHLD_handler_set is True
-        assert compat.torch_sigchld_flag() is True
-        assert compat.install_torch_sigchld() is True  # a no-op once the flag is set
-    finally:
-        del loader, it
 
 
 def test_worker_pids_are_registered_by_torch_and_forgotten_before_ending_workers():
@@ -126,57 +112,25 @@ def test_posix_shm_makes_tracks_and_unlinks_a_segment():
         shm.shm_unlink(name)
 
 
-_EXIT = r"""
-import os, sys
-from multiprocessing import util
-from tsfile_torch import compat
-
-marker = sys.argv[1]
-open(marker, "w").close()
-def remove(path):
-    os.unlink(path)
-util.Finalize(None, remove, args=(marker,), exitpriority=0)
-temp = util.get_temp_dir()
-compat.run_exit_finalizers(remove)
-print(os.path.exists(marker), os.path.exists(temp))
-"""
-
-
-def test_exit_finalizers_remove_the_temp_dir_and_ours(tmp_path):
-    from multiprocessing import util
-
-    assert isinstance(util._finalizer_registry, dict)
-    assert callable(util._remove_temp_dir)
-    held = _Items()
-    finalizer = util.Finalize(held, _record_shutdown, args=(0,))
-    assert finalizer._callback is _record_shutdown
-    assert finalizer in util._finalizer_registry.values()
-    finalizer.cancel()
-    env = {**os.environ, "PYTHONPATH": f"{PACKAGE.parent}{os.pathsep}"}
-    done = subprocess.run(
-        [sys.executable, "-c", _EXIT, str(tmp_path / "marker")],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr
-    assert done.stdout.split() == ["False", "False"]  # both removed
-
-
 def test_a_missing_internal_warns_once_and_turns_only_its_mechanism_off(monkeypatch):
     from torch.utils.data._utils import signal_handling
 
-    monkeypatch.delattr(signal_handling, "_set_SIGCHLD_handler")
-    compat._warn_missing.cache_clear()
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        assert compat.install_torch_sigchld() is False
-        assert compat.install_torch_sigchld() is False
-    assert [w.category for w in caught] == [compat.CompatWarning]
-    assert "_set_SIGCHLD_handler" in str(caught[0].message)
-    assert "worker_reports is off" in str(caught[0].message)
-    compat._warn_missing.cache_clear()
+    loader, it = _multiprocess_iterator()
+    try:
+        monkeypatch.delattr(signal_handling, "_remove_worker_pids")
+        compat._warn_missing.cache_clear()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            compat.forget_worker_pids(it)
+            compat.forget_worker_pids(it)
+        assert [w.category for w in caught] == [compat.CompatWarning]
+        assert "_remove_worker_pids" in str(caught[0].message)
+        assert "killed by signal" in str(caught[0].message)
+        assert it._worker_pids_set is True  # left to torch: nothing else turned off
+    finally:
+        compat._warn_missing.cache_clear()
+        monkeypatch.undo()
+        del loader, it
 
 
 def test_the_native_symbols_listed_are_the_fork_fixs():

@@ -134,7 +134,6 @@ def test_a_main_process_ended_mid_epoch_leaves_nothing_a_plain_dataloader_would_
 
 SECOND_SIGTERM = r"""
 import os, signal, sys, time
-from multiprocessing import util
 from tsfile_torch import process
 
 path = sys.argv[1]
@@ -148,7 +147,7 @@ def remove_after_a_second_sigterm(p):  # a second SIGTERM lands inside the first
 
 
 process._remove = remove_after_a_second_sigterm
-util.Finalize(None, process._remove, args=(path,), exitpriority=0)
+process._made["report"] = path
 process._end_cleanly_on_sigterm()
 os.kill(os.getpid(), signal.SIGTERM)
 time.sleep(10)
@@ -158,9 +157,8 @@ print("not ended", flush=True)
 
 def test_a_second_sigterm_during_a_workers_clean_up_does_not_cut_it_short(tmp_path):
     """The parent's death and its terminate can both SIGTERM a worker: the second runs the
-    handler inside the first, between a finalizer leaving multiprocessing's registry and its
-    unlink. Ending there left the crash report behind (about 1 in 10 runs of the SIGTERM case
-    above); the first call must finish."""
+    handler inside the first, before its unlink; the first call must finish, or the crash
+    report is left behind."""
     report = tmp_path / "tsfile-torch-crash-0-1.txt"
     env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     proc = subprocess.run(

@@ -42,13 +42,17 @@ def _user_sigchld(signum, frame):  # a handler of the user's own
 @pytest.fixture
 def user_settings():
     """The user's own SIGCHLD handler, faulthandler on, a start method and forkserver preload."""
+    from torch.utils.data._utils import signal_handling
+
     saved = process_state()
+    torch_flag = signal_handling._SIGCHLD_handler_set  # torch's handler is put back below
     signal.signal(signal.SIGCHLD, _user_sigchld)
     faulthandler.enable(file=sys.__stderr__)
     multiprocessing.set_start_method("spawn", force=True)
     multiprocessing.set_forkserver_preload(["json"])
     yield
     signal.signal(signal.SIGCHLD, saved["sigchld"])
+    signal_handling._SIGCHLD_handler_set = torch_flag
     if saved["faulthandler"]:  # pytest's own, on its stderr
         faulthandler.enable(file=sys.__stderr__)
     else:
@@ -80,7 +84,12 @@ def test_a_loader_leaves_the_users_signals_faulthandler_and_multiprocessing_as_t
     before = process_state()
     during = _loader_passes(ds, small_expected)
     assert during is not _user_sigchld  # the worker-report wrapper was in place meanwhile
-    assert process_state() == before
+    after = process_state()
+    # SIGCHLD: torch's handler (which calls the user's), as a plain DataLoader leaves it; a
+    # plain DataLoader after it finds it installed and chains no second one
+    assert sorted(int(x) for x in tud.DataLoader(list(range(8)), num_workers=2)) == list(range(8))
+    assert process_state() == after
+    assert {**after, "sigchld": None} == {**before, "sigchld": None}
 
 
 FRESH = r"""
@@ -99,20 +108,29 @@ ds = TsFileIterableDataset(sys.argv[1], batch_size=500)
 rows = sum(len(batch) for batch in make_loader(ds, num_workers=2))
 after_full = state()
 break_off(ds)
-print(json.dumps([before, rows, after_full, state()]))
+after_break = state()
+import torch.utils.data as tud
+
+assert sorted(int(x) for x in tud.DataLoader(list(range(8)), num_workers=2)) == list(range(8))
+print(json.dumps([before, rows, after_full, after_break, state()]))
 """
 
 
 @pytest.mark.slow  # a fresh interpreter (fast: tests/test_process_state.py)
-def test_the_first_loader_of_a_fresh_process_leaves_its_defaults_as_they_were(
+def test_the_first_loader_of_a_fresh_process_leaves_what_a_plain_dataloader_leaves(
     small_dir, run_python
 ):
+    """Python's defaults, but for torch's SIGCHLD handler: a plain DataLoader installs it once
+    per process and leaves it; so does make_loader's (never a second one chained onto it)."""
     proc = run_python(FRESH, str(small_dir), str(Path(__file__).parent), timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    before, rows, after_full, after_break = json.loads(proc.stdout.splitlines()[-1])
+    before, rows, after_full, after_break, after_plain = json.loads(proc.stdout.splitlines()[-1])
     assert before.startswith("[<Handlers.SIG_DFL: 0>, False, None, ")  # Python's defaults
     assert rows == 5000
-    assert after_full == after_break == before
+    assert after_full == after_break
+    assert after_plain.split(",")[0] == after_full.split(",")[0]  # torch's, the same one
+    assert "handler" in after_full.split(",")[0]  # torch's function, not ours or the default
+    assert after_full.split(",")[1:] == before.split(",")[1:]
 
 
 class _CrashesInNativeRead(TsFileIterableDataset):
@@ -136,7 +154,8 @@ class _CrashesInNativeRead(TsFileIterableDataset):
 def test_a_worker_killed_in_native_code_is_a_worker_error_with_its_report_not_terminal_noise(
     small_dir, capfd
 ):
-    before = signal.getsignal(signal.SIGCHLD)
+    assert sorted(int(x) for x in tud.DataLoader(list(range(4)), num_workers=2)) == [0, 1, 2, 3]
+    before = signal.getsignal(signal.SIGCHLD)  # torch's, as a plain DataLoader leaves it
     ds = _CrashesInNativeRead(small_dir, batch_size=2500, block_rows=2500)
     loader = make_loader(ds, num_workers=2)
     with pytest.raises(WorkerError) as info:

@@ -1,10 +1,10 @@
-"""Process state after a make_loader loader is exactly what it was before (tsfile_torch/process.py).
+"""Process state after a make_loader loader is what a plain DataLoader leaves (process.py).
 
-What a loader could leave behind in its user's process: the SIGCHLD handler, torch's private
-flag saying it installed its own (``_SIGCHLD_handler_set``: a flag reset to False makes the next
-plain DataLoader chain a second handler onto the first), faulthandler (on or off, and its file)
-and the multiprocessing start method. Each test runs make_loader loaders with workers over real
-TsFiles, then a plain DataLoader, and compares the state before and after.
+What a loader could leave behind in its user's process: the SIGCHLD handler (torch's, as a
+plain DataLoader leaves it, never a second one chained onto it), torch's flag saying it
+installed its own, faulthandler (on or off, and its file) and the multiprocessing start method.
+Each test runs make_loader loaders with workers over real TsFiles, then a plain DataLoader, and
+compares the state before and after.
 """
 
 from __future__ import annotations
@@ -170,8 +170,8 @@ def test_a_fresh_process_keeps_its_defaults_and_its_faulthandler_file(
         proc.stdout.splitlines()[-1]
     )
     assert start == ["<Handlers.SIG_DFL: 0>", False, True, None]  # Python's, faulthandler on
-    assert after_make == start  # as if no loader had run
-    assert after_plain[1:3] == [True, True]  # torch's handler (and the start method it set)
+    assert after_make[1:] == [True, True, None]  # torch's handler, as a plain DataLoader's
+    assert after_plain[:3] == after_make[:3]  # torch's, the same: not a second one
     assert after_make_again == after_plain_again == after_plain  # torch's, not a second one
     assert "Fatal Python error: Segmentation fault" in report.read_text()
     assert "Fatal Python error" not in proc.stderr

@@ -6,11 +6,10 @@ that finds its internal missing warns once (:class:`CompatWarning`) and turns on
 mechanism off, never silently. ``tests/test_compat.py`` checks every entry against the
 installed torch, torchdata and CPython and fails (never skips) when one has changed.
 
-13 private names in 6 entries remain, above the limit of 8 that shared/DESIGN.md counts in
-names: ``posix_shm`` goes with the ring (or a move to ``multiprocessing.shared_memory``),
-``sigchld`` with the SIGCHLD wrapping, if #44's A/B of those mechanisms drops them. A
-run-time exception: a worker ending on SIGTERM has nowhere to warn, so
-:func:`run_exit_finalizers` does nothing where its internals are missing.
+8 private names in 4 entries, the limit shared/DESIGN.md sets (``tests/test_compat.py``
+counts them). Public routes replaced the rest: torch's SIGCHLD handler is put back rather than
+its flag reset (:class:`tsfile_torch.process.LoaderScope`); a worker ended by SIGTERM removes
+what it made by name (Note: nothing left behind in :mod:`tsfile_torch.process`).
 
 The native tsfile symbols the fork fix reaches (:mod:`tsfile_torch.native.forkfix`, gated by
 its own self-test) are listed in :data:`NATIVE_SYMBOLS` and not counted.
@@ -37,13 +36,9 @@ __all__ = [
     "current_iterator",
     "drop_iterator",
     "forget_worker_pids",
-    "install_torch_sigchld",
     "iterator_workers",
     "posix_shm",
-    "run_exit_finalizers",
-    "set_torch_sigchld_flag",
     "shutdown_workers",
-    "torch_sigchld_flag",
     "wrap_shutdown",
 ]
 
@@ -66,15 +61,6 @@ INTERNALS = {
         "data/rows.py: DataLoader(iterable row dataset) with batch_size set is refused",
         "torch 2.1 to 2.13, torchdata 0.11 (same class name)",
         "the stacked batches (1, batch_size, C) are not refused; make_loader is unaffected",
-    ),
-    "sigchld": Internal(
-        (
-            "torch.utils.data._utils.signal_handling._SIGCHLD_handler_set",
-            "torch.utils.data._utils.signal_handling._set_SIGCHLD_handler",
-        ),
-        "process.py: worker_reports (torch's SIGCHLD handler wrapped, then put back)",
-        "torch 2.1 to 2.13",
-        "worker_reports is off: a worker killed by a signal is torch's RuntimeError",
     ),
     "worker_pids": Internal(
         (
@@ -104,17 +90,6 @@ INTERNALS = {
         "data/ring.py: the batch ring's segments (0600, reserved, tracked)",
         "CPython 3.10 to 3.13 (Linux, macOS)",
         "no ring: batches go through torch's own hand-over (Note: ring platforms)",
-    ),
-    "exit_finalizers": Internal(
-        (
-            "multiprocessing.util._finalizer_registry",
-            "multiprocessing.util._remove_temp_dir",
-            "multiprocessing.util.Finalize._callback",
-        ),
-        "process.py: a worker ended by SIGTERM removes its crash report and pymp-* directory "
-        "(Note: nothing left behind)",
-        "CPython 3.10 to 3.13",
-        "a worker ended by SIGTERM leaves its crash report and pymp-* directory behind",
     ),
 }
 
@@ -173,36 +148,6 @@ def _signal_handling():
     """torch's DataLoader signal module, None before torch loads it (looked up, never imported:
     a scope closed at interpreter exit must not import)."""
     return sys.modules.get(_SIGNALS)
-
-
-def torch_sigchld_flag() -> bool | None:
-    """Return torch's ``_SIGCHLD_handler_set`` (None: torch not loaded, or the flag missing,
-    which warns once)."""
-    module = _signal_handling()
-    if module is None:
-        return None
-    if not hasattr(module, "_SIGCHLD_handler_set"):
-        _warn_missing("sigchld", f"{_SIGNALS}._SIGCHLD_handler_set")
-        return None
-    return module._SIGCHLD_handler_set
-
-
-def set_torch_sigchld_flag(value: bool) -> None:
-    """Put torch's ``_SIGCHLD_handler_set`` back to ``value`` (no-op before torch loads)."""
-    module = _signal_handling()
-    if module is not None and hasattr(module, "_SIGCHLD_handler_set"):
-        module._SIGCHLD_handler_set = value
-
-
-def install_torch_sigchld() -> bool:
-    """Have torch install its SIGCHLD handler if its flag says it has none; return whether
-    torch's installer was there (missing: warns once)."""
-    install = getattr(_signal_handling(), "_set_SIGCHLD_handler", None)
-    if install is None:
-        _warn_missing("sigchld", f"{_SIGNALS}._set_SIGCHLD_handler")
-        return False
-    install()
-    return True
 
 
 def forget_worker_pids(it) -> None:
@@ -282,19 +227,3 @@ def posix_shm():
             _warn_missing("posix_shm", "_posixshmem")
         return None
     return _posixshmem, resource_tracker
-
-
-# -- multiprocessing's exit finalizers ----------------------------------------------------------
-def run_exit_finalizers(*callbacks) -> None:
-    """Run this process's registered multiprocessing finalizers of ``callbacks`` and the one
-    that removes its temporary directory (``pymp-*``), as a normal exit would (each runs once)."""
-    from multiprocessing import util
-
-    registry = getattr(util, "_finalizer_registry", None)
-    remove = getattr(util, "_remove_temp_dir", None)
-    if registry is None or remove is None:
-        return  # a worker ending on SIGTERM: nowhere to warn (tests/test_compat.py checks it)
-    ours = (*callbacks, remove)
-    for finalizer in list(registry.values()):
-        if getattr(finalizer, "_callback", None) in ours:
-            finalizer()

@@ -706,6 +706,7 @@ def make_loader(
     user_init = kwargs.get("worker_init_fn")
     batch_size = _batching(dataset, view, spec, batch_size, num_workers, kwargs)
     hand_over = kwargs.get("collate_fn") is (spec.collate_fn if spec.windows else None)
+    hand_over = hand_over and mechanisms.on("kept")  # Note: hand-over
     if spec.num_batches is not None and num_workers > spec.num_batches:
         warnings.warn(
             f"num_workers={num_workers} exceeds the {spec.num_batches} batches per epoch; "

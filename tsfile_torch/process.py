@@ -20,8 +20,8 @@ can be:
                    ``malloc_tuning=False``.
 ``worker_reports`` while a loader made by :func:`tsfile_torch.make_loader` is being iterated in
                    the main thread, torch's SIGCHLD handler is wrapped so a worker killed by a
-                   signal is a :class:`~tsfile_torch.WorkerError` naming its read; the
-                   previous handler is restored when the iteration ends (exhausted, closed or
+                   signal is a :class:`~tsfile_torch.WorkerError` naming its read; torch's
+                   handler is put back when the iteration ends (exhausted, closed or
                    dropped; dropped in a cycle that another thread collects: at the main
                    thread's next loader start, Note: scopes closed elsewhere).
 ``crash_report``   in DataLoader workers only: ``faulthandler`` writes a fatal-signal report
@@ -51,12 +51,14 @@ import ctypes
 import faulthandler
 import functools
 import os
+import shutil
 import signal
 import sys
+import tempfile
 import threading
 import weakref
 
-from tsfile_torch import compat, mechanisms
+from tsfile_torch import mechanisms
 from tsfile_torch.integrity.reports import (
     ReadSlots,
     crash_report_path,
@@ -151,7 +153,6 @@ _LIVE: weakref.WeakSet = weakref.WeakSet()
 _SCOPES = 0
 _PREVIOUS_SIGCHLD = None  # the DataLoader's handler, which _sigchld wraps
 _ORIGINAL_SIGCHLD = None  # the handler before the first open scope
-_ORIGINAL_TORCH_FLAG = None  # torch's _SIGCHLD_handler_set then (None: torch has none)
 #: the last scope was closed off the main thread (a dropped pass collected there): the handler
 #: is put back by the main thread's next call here (Note: scopes closed elsewhere)
 _RESTORE_DUE = False
@@ -185,7 +186,7 @@ def _sigchld(signum, frame):
 
 
 def restore_due() -> None:
-    """Put back the SIGCHLD handler and torch's flag if the last scope closed off the main thread.
+    """Put back the SIGCHLD handler if the last scope closed off the main thread.
 
     Note: scopes closed elsewhere. A pass dropped in a reference cycle is closed by whichever
     thread runs the garbage collection that finds it (a pin-memory thread, a read-ahead thread, a
@@ -201,11 +202,10 @@ def restore_due() -> None:
         if not _RESTORE_DUE or _SCOPES:
             return
         _RESTORE_DUE = False
-        if signal.getsignal(signal.SIGCHLD) is not _ORIGINAL_SIGCHLD:
-            signal.signal(signal.SIGCHLD, _ORIGINAL_SIGCHLD)
-        if _ORIGINAL_TORCH_FLAG is not None:
-            # as it was: the next DataLoader installs torch's handler only if none was then
-            compat.set_torch_sigchld_flag(_ORIGINAL_TORCH_FLAG)
+        # torch's handler, which a plain DataLoader leaves installed too, else the one before
+        back = _PREVIOUS_SIGCHLD if _PREVIOUS_SIGCHLD is not None else _ORIGINAL_SIGCHLD
+        if signal.getsignal(signal.SIGCHLD) is not back:
+            signal.signal(signal.SIGCHLD, back)
         _PREVIOUS_SIGCHLD = None
 
 
@@ -217,16 +217,13 @@ class LoaderScope:
     first multi-process iterator starts (and never removes it); it raises "worker ... is killed
     by signal" from there, anywhere in the main thread, so while scopes are open that handler is
     wrapped to raise a WorkerError naming the read instead (:meth:`watch`). When the last scope
-    closes, the recorded handler is put back and torch is told to install its own again next
-    time exactly when it would have without this scope: its module flag
-    ``_SIGCHLD_handler_set`` (:mod:`tsfile_torch.compat`) is put back to what it was at the
-    first open.
-    Resetting it to False instead would make the next plain DataLoader chain a new handler onto
-    the one it had already installed.
+    closes, torch's handler is put back, as a plain DataLoader leaves it (torch installs it once
+    per process and never again: removing it would leave later DataLoaders without it), or the
+    handler of the first open where none was wrapped.
     """
 
     def __init__(self, slots: ReadSlots | None, has_workers: bool = True):
-        global _SCOPES, _PREVIOUS_SIGCHLD, _ORIGINAL_SIGCHLD, _ORIGINAL_TORCH_FLAG
+        global _SCOPES, _ORIGINAL_SIGCHLD
         self.slots = slots
         in_main = threading.current_thread() is threading.main_thread()
         self.open = has_workers and _on["worker_reports"] and in_main
@@ -237,7 +234,6 @@ class LoaderScope:
             if _SCOPES == 0:
                 _close_at_exit()
                 _ORIGINAL_SIGCHLD = signal.getsignal(signal.SIGCHLD)
-                _ORIGINAL_TORCH_FLAG = compat.torch_sigchld_flag()
             _SCOPES += 1
             _LIVE.add(self)
 
@@ -246,7 +242,6 @@ class LoaderScope:
         global _PREVIOUS_SIGCHLD
         if not (self.open and has_workers):
             return
-        compat.install_torch_sigchld()  # persistent workers of a later pass: again
         current = signal.getsignal(signal.SIGCHLD)
         if callable(current) and current is not _sigchld:
             _PREVIOUS_SIGCHLD = current
@@ -288,6 +283,10 @@ def _close_at_exit() -> None:
 _PR_SET_PDEATHSIG = 1
 
 
+#: what this worker made and removes when SIGTERM ends it (Note: nothing left behind)
+_made: dict[str, str] = {}
+
+
 def start_worker(parent_pid: int, started_from_main_thread: bool) -> None:
     """Set up a DataLoader worker of a :func:`tsfile_torch.make_loader` loader (its init)."""
     if _on["crash_report"]:
@@ -304,11 +303,32 @@ def start_worker(parent_pid: int, started_from_main_thread: bool) -> None:
             from multiprocessing import util
 
             util.Finalize(None, _remove, args=(path,), exitpriority=0)
+            _made["report"] = path
     if _on["parent_guard"]:
+        own = _own_temp_dir()
+        if own is not None:
+            _made["temp"] = own
         # the process that started this worker: the loader's (fork, spawn) or the fork server,
         # which exits with it (forkserver); prctl fires when the starting *thread* exits
         parent = os.getppid()
         _guard_parent(parent, started_from_main_thread or parent != parent_pid)
+
+
+def _own_temp_dir() -> str | None:
+    """Make this worker's multiprocessing temporary directory now, so its name is known, and
+    return it; None where it is the loader's process's, inherited by fork (it was there before
+    the call), or where that cannot be told: it is never this worker's to remove then."""
+    from multiprocessing import util
+
+    base = tempfile.gettempdir()
+    try:
+        before = set(os.listdir(base))
+    except OSError:
+        return None
+    temp = util.get_temp_dir()
+    if os.path.dirname(temp) != base or os.path.basename(temp) in before:
+        return None
+    return temp
 
 
 def _prctl():
@@ -342,16 +362,18 @@ def _guard_parent(parent_pid: int, use_prctl: bool) -> None:
 def _end_cleanly_on_sigterm() -> None:
     """Note: nothing left behind. A DataLoader worker is ended by SIGTERM when its parent dies
     (``PR_SET_PDEATHSIG``), when the main process exits (multiprocessing terminates daemonic
-    children) and by torch's shutdown of workers that do not stop in time; by default that
-    skips every exit clean-up: the worker's crash report and multiprocessing's ``pymp-*``
-    temporary directory (made for torch's file-descriptor sharing) stayed behind. Here SIGTERM
-    runs those two clean-ups (nothing that can block: no queue is joined) and then ends the
-    worker as SIGTERM would. The Python handler runs in the main thread between bytecodes; a
-    main thread inside a native call (a stuck read) is covered by a thread woken through
-    ``signal.set_wakeup_fd``, which the C-level handler writes at once. A SIGTERM that lands in
-    steps the main process must see together (a ring segment made and announced) waits for
-    their end (:func:`tsfile_torch.pids.ending_deferred`; the woken thread still ends the worker
-    after a second).
+    children) and by torch's shutdown of workers that do not stop in time; by default that skips
+    every exit clean-up: the worker's crash report and multiprocessing's ``pymp-*`` temporary
+    directory (made for torch's file-descriptor sharing) stayed behind. Here SIGTERM removes
+    both (nothing that can block: no queue is joined) and then ends the worker as SIGTERM would.
+    Both are known by name from the worker's start: the report's path, and the temporary
+    directory, made then (:func:`_own_temp_dir`; a fork may inherit the loader's process's,
+    which is not the worker's to remove). The Python handler runs in the main thread between
+    bytecodes; a main thread inside a native call (a stuck read) is covered by a thread woken
+    through ``signal.set_wakeup_fd``, which the C-level handler writes at once. A SIGTERM that
+    lands in steps the main process must see together (a ring segment made and announced) waits
+    for their end (:func:`tsfile_torch.pids.ending_deferred`; the woken thread still ends the
+    worker after a second).
     """
     signal.signal(signal.SIGTERM, lambda signum, frame: end_now_or_after(_end_terminated))
     try:
@@ -374,15 +396,14 @@ _ending = threading.Lock()  # held by the one call of _end_terminated that ends 
 
 
 def _end_terminated() -> None:
-    """Remove what this worker made (its crash report, its multiprocessing temporary directory:
-    the clean-ups of a normal exit that cannot block), then end as SIGTERM ends a process.
+    """Remove what this worker made (its crash report, its multiprocessing temporary directory: the
+    clean-ups of a normal exit that cannot block), then end as SIGTERM ends a process.
 
     Called once per ending: a second SIGTERM (the parent's death and the parent's own terminate
-    can both send one) runs the Python handler again *inside* the first call, between a
-    finalizer leaving multiprocessing's registry and its file being unlinked; ending the process
-    there left the crash report behind. So a nested call in the main thread returns at once and
-    the first call finishes; another thread (the wake-up thread, the parent watchdog) waits a
-    moment for a call already under way, then ends the worker itself.
+    can both send one) runs the Python handler again *inside* the first call; ending the process
+    there could leave the crash report behind. So a nested call in the main thread returns at
+    once and the first call finishes; another thread (the wake-up thread, the parent watchdog)
+    waits a moment for a call already under way, then ends the worker itself.
     """
     in_main = threading.current_thread() is threading.main_thread()
     if in_main:
@@ -390,8 +411,9 @@ def _end_terminated() -> None:
             return  # nested in the call under way, which ends the worker
     else:
         _ending.acquire(timeout=2.0)  # a call under way ends the worker first; else this one
-    # each runs once: registered in this process only (the registry is cleared at fork)
-    compat.run_exit_finalizers(_remove)
+    _remove(_made.get("report", ""))
+    if "temp" in _made:
+        shutil.rmtree(_made["temp"], ignore_errors=True)
     if in_main:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
     else:  # signal.signal is for the main thread only: libc's, then

@@ -474,8 +474,6 @@ class ReadingCore:
         ``table`` over by reference (Note: hand-over); ``table=None``: a gather from the whole
         tables ``tables`` (empty: all), each kept whole in a store the main process maps (no
         before the rows are there: never a batch the main process would have to decode)."""
-        if not mechanisms.on("kept"):
-            return False
         store = self.store() if self.hand_over and shares_store(self) else None
         if store is None or table is None:
             if store is None or store is not self.whole_store():
