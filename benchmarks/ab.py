@@ -70,6 +70,7 @@ WHERE = {
 KEYS = {name: [("later", "")] for name in WHERE}
 KEYS["first_read"] = [("first", " (1st epoch)"), ("first_batch", " (1st batch)")]
 KEYS["epoch_sums"] = [("first", " (1st epoch)")]  # checked in the first epoch of a cache
+KEYS["exchange"] = [("later", ""), ("first", " (1st epoch)")]
 
 
 def _data(root: str) -> tuple[list[str], list[str]]:
@@ -135,15 +136,15 @@ def _run_child(mechanism: str, off: bool, args) -> dict:
 
 def _table(results: dict) -> list[str]:
     lines = [
-        f"{'mechanism':<11} {'configuration':<26} {'off/on':>7} {'range':>13}  same data",
-        "-" * 72,
+        f"{'mechanism':<11} {'configuration':<38} {'off/on':>7} {'range':>13}  same data",
+        "-" * 84,
     ]
     for mechanism, per_config in results.items():
         for config, pairs in per_config.items():
             ratios = [r for r, _ in pairs]
             same = all(s for _, s in pairs)
             lines.append(
-                f"{mechanism:<11} {config:<26} {statistics.median(ratios):>7.2f} "
+                f"{mechanism:<11} {config:<38} {statistics.median(ratios):>7.2f} "
                 f"{min(ratios):>6.2f}-{max(ratios):<6.2f}  {'yes' if same else 'NO'}"
             )
     return lines

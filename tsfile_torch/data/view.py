@@ -378,23 +378,23 @@ class EpochSampler(tud.Sampler):
                 "drop_last=True goes with batch_size (items per batch); a dataset whose items "
                 "are batches drops its own short batch: build it with drop_last=True"
             )
-        self._held: _SamplerPass | None = None  # a loaded pass not begun yet
+        self._held: state.Pass | None = None  # a loaded pass not begun yet
         self._ref = None  # the latest pass, by a weak reference (its iterator's owner has it)
         self._after: int | None = None  # the epoch after the latest finished pass
 
     @property
-    def _latest(self) -> _SamplerPass | None:
+    def _latest(self) -> state.Pass | None:
         if self._held is not None:
             return self._held
         return self._ref() if self._ref is not None else None
 
     @_latest.setter
-    def _latest(self, latest: _SamplerPass | None) -> None:
+    def _latest(self, latest: state.Pass | None) -> None:
         # A pass keeps its sampler; the sampler keeps a begun pass only by a weak reference, so
         # the two make no reference cycle (one would keep the dataset, its files and mappings,
         # alive until a garbage collection). A loaded pass not begun is kept: nothing else has
         # it yet.
-        waiting = latest is not None and latest.cursor is None and latest._pending is not None
+        waiting = latest is not None and not latest.begun and latest.pending is not None
         self._held = latest if waiting else None
         self._ref = weakref.ref(latest) if latest is not None else None
 
@@ -420,31 +420,51 @@ class EpochSampler(tud.Sampler):
 
     def point(self, epoch, position: int = 0, history: tuple = ()) -> state.PassPoint:
         """Return a pass point of this sampler's topology."""
-        ds = self.dataset
-        return state.PassPoint(
-            epoch, position, 0, self.num_workers, ds.rank, ds.world_size, history
-        )
+        return state.PassPoint(epoch, position, *self._topology(), history)
+
+    def _topology(self) -> tuple[int, int, int, int]:
+        return 0, self.num_workers, self.dataset.rank, self.dataset.world_size
+
+    def _loaded(self) -> state.Pass | None:
+        """The loaded pass the next one resumes, if any (not begun, with a point)."""
+        latest = self._latest
+        return latest if latest is not None and latest.pending is not None else None
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (of the pass in progress, else of the next)."""
-        if self._latest is not None and self._latest.cursor is not None:
-            return len(self._latest.cursor)
+        if self._latest is not None and self._latest.begun:
+            return len(self._latest)
         return len(self._planned(self.dataset.epoch or 0))
 
     def __iter__(self) -> Iterator:
-        loaded = self._latest
-        if loaded is not None and loaded.cursor is None and loaded._pending is not None:
-            return loaded  # a loaded state not yet begun: this pass resumes it
-        fresh = _SamplerPass(self)
-        self._latest = fresh
-        return fresh
+        run = self._loaded()  # a loaded state: this pass resumes it
+        if run is None:
+            run = state.Pass(self._topology())
+        self._latest = run
+        return self._run(run)
+
+    def _run(self, run: state.Pass) -> Iterator:
+        """Hand out the batch keys of pass ``run``, begun at its first batch (a DataLoader
+        creates iterators it never uses)."""
+        epoch, position, history = run.start(self.dataset.epochs, whole=True)
+        run.begin(epoch, self.batches(epoch, history), position, history)
+        self._latest = run  # begun: kept by a weak reference from now on
+        for items in run:
+            yield self.dataset._batch_key(items, self.batch_size)
+        self._after = run.epoch + 1
 
     def state_dict(self) -> dict[str, Any]:
         """Return where the latest pass stands (see Note: resume)."""
         latest = self._latest
         if latest is None:
-            return state.pass_state(self.point(self._after), self.identity())
-        return latest.state_dict()
+            point = self.point(self._after)
+        elif not latest.begun:  # where it would begin
+            point = latest.pending or self.point(self.dataset.epochs.peek())
+        elif latest.finished:  # ran out: the next pass begins
+            point = self.point(latest.epoch + 1)
+        else:
+            point = latest.point()
+        return state.pass_state(point, self.identity())
 
     def load_state_dict(self, saved: dict[str, Any]) -> None:
         """Make the next pass continue where ``saved`` stood.
@@ -452,11 +472,11 @@ class EpochSampler(tud.Sampler):
         A state at the start of an epoch also sets the dataset's next epoch, so a pass begun
         afresh (a loader that starts a new iterator after loading) takes that epoch too.
         """
-        loaded = _SamplerPass(self)
-        loaded.load_state_dict(saved)
-        self._latest = loaded
-        pending = loaded._pending
-        if pending is not None and (pending.position == 0 or not loaded.exact):
+        point = state.check_state(saved, self.identity(), "EpochSampler")
+        pending = None if point.epoch is None else point
+        self._latest = state.Pass(self._topology(), pending)
+        exact = pending is not None and tuple(pending[2:6]) == self._topology()
+        if pending is not None and (pending.position == 0 or not exact):
             self.dataset.epochs.set(pending.epoch)
 
     def resume_elsewhere(self, epoch: int, history: tuple) -> None:
@@ -472,82 +492,18 @@ class EpochSampler(tud.Sampler):
                 "loader with drop_last=True over a dataset whose own drop_last is False: build "
                 "the dataset with drop_last=True (and leave it out of make_loader)"
             )
-        loaded = _SamplerPass(self)
-        loaded._pending = self.point(epoch, 0, tuple(history))
-        self._latest = loaded
+        self._latest = state.Pass(self._topology(), self.point(epoch, 0, tuple(history)))
         self.dataset.epochs.set(epoch)
 
     def begin_main_pass(self) -> tuple[int, tuple]:
         """Return the epoch the next pass takes (claimed at its first batch) and the history it
         resumes after (Note: loader resume in :mod:`tsfile_torch.loader`)."""
-        loaded = self._latest
-        if loaded is not None and loaded.cursor is None and loaded._pending is not None:
-            p = loaded._pending
-            return (p.epoch, p.history) if loaded.exact else (p.epoch, p.handed_over())
+        loaded = self._loaded()
+        if loaded is not None and not loaded.begun:
+            epoch, _, history = state.resume_point(loaded.pending, self._topology(), whole=True)
+            return epoch, history
         return self.dataset.epochs.peek(), ()
 
     def set_epoch(self, epoch: int) -> None:
         """Make the next pass epoch ``epoch`` (the dataset's :meth:`View.set_epoch`)."""
         self.dataset.set_epoch(epoch)
-
-
-class _SamplerPass(Iterator):
-    """The iterator of one pass of an :class:`EpochSampler`: begins its
-    :class:`~tsfile_torch.sampling.state.Cursor` at its first batch (lazily: a DataLoader
-    creates iterators it never uses); its state is the cursor's point, or the loaded one."""
-
-    def __init__(self, sampler: EpochSampler):
-        self.sampler = sampler  # (the sampler keeps this pass by a weak reference)
-        self.cursor: state.Cursor | None = None
-        self._pending: state.PassPoint | None = None  # a loaded point, not begun
-
-    @property
-    def exact(self) -> bool:
-        """Whether the loaded point is of this sampler's topology (else: elastic resume)."""
-        p, here = self._pending, self.sampler.point(None)
-        return p is None or (p.num_workers, p.rank, p.world_size) == (
-            here.num_workers,
-            here.rank,
-            here.world_size,
-        )
-
-    def _begin(self) -> None:
-        s = self.sampler
-        point = self._pending
-        if point is None:
-            epoch, position, history = s.dataset.epochs.claim(), 0, ()
-        elif self.exact:
-            epoch, position, history = point.epoch, point.position, point.history
-        else:  # another topology: the rest of the epoch (Note: elastic resume)
-            epoch, position, history = point.epoch, 0, point.handed_over()
-        if point is not None:
-            s.dataset.epochs.record(epoch)
-        here = s.point(epoch)
-        topology = (here.worker, here.num_workers, here.rank, here.world_size)
-        self.cursor = state.Cursor(epoch, s.batches(epoch, history), position, history, topology)
-        s._latest = self  # begun: kept by a weak reference from now on
-
-    def __next__(self):
-        if self.cursor is None:
-            self._begin()
-        try:
-            items = next(self.cursor)
-        except StopIteration:
-            self.sampler._after = self.cursor.epoch + 1
-            raise
-        return self.sampler.dataset._batch_key(items, self.sampler.batch_size)
-
-    def state_dict(self) -> dict[str, Any]:
-        s = self.sampler
-        if self.cursor is None:  # not begun: where it would begin
-            point = self._pending or s.point(s.dataset.epochs.peek())
-        elif self.cursor.finished:  # ran out (StopIteration): the next pass begins
-            point = s.point(self.cursor.epoch + 1)
-        else:
-            point = self.cursor.point()
-        return state.pass_state(point, s.identity())
-
-    def load_state_dict(self, saved: dict[str, Any]) -> None:
-        point = state.check_state(saved, self.sampler.identity(), "EpochSampler")
-        self._pending = None if point.epoch is None else point
-        self.cursor = None

@@ -50,7 +50,7 @@ class Passes:
         self.bind(view)
         self.epochs = state.EpochCounter()
         self._passes = 0
-        self._latest: state.Cursor | None = None  # this process's latest pass
+        self._latest: state.Pass | None = None  # this process's latest pass
         self._resume: state.PassPoint | None = None
 
     def bind(self, view) -> None:
@@ -141,47 +141,17 @@ class Passes:
         """Start a pass in this process (a worker's share of it, in a worker).
 
         ``base_seed``: the DataLoader's base seed in a worker (None: the main process).
-        Returns the pass's :class:`~tsfile_torch.sampling.state.Cursor`.
+        Returns the :class:`~tsfile_torch.sampling.state.Pass`.
         """
         self._passes += 1
         tag = 0 if base_seed is None else state.pass_tag(base_seed, self._passes)
-        history: tuple = ()
-        if self._resume is not None:
-            saved, self._resume = self._resume, None
-            epoch, position, history = self._resumed(saved, worker, num_workers)
-            if worker == 0:
-                self.epochs.record(epoch, tag)
-        else:
-            epoch, position = self.epochs.claim(tag, leader=worker == 0), 0
+        run = state.Pass((worker, num_workers, self.rank, self.world_size), self._resume)
+        self._resume = None
+        epoch, position, history = run.start(self.epochs, tag, leader=worker == 0)
         batches = self.epoch_batches(epoch, history=history)
         split = orders.worker_batches(batches, worker, num_workers, self.spec.order)
-        topology = (worker, num_workers, self.rank, self.world_size)
-        cursor = state.Cursor(epoch, [batches[i] for i in split], position, history, topology)
-        self._latest = cursor
-        return cursor
-
-    def _resumed(self, saved: state.PassPoint, worker: int, num_workers: int):
-        """Return (epoch, position, history) a pass of ``worker`` of ``num_workers`` resumes.
-
-        The same topology resumes exactly; a main-process state (or the loader's, see
-        :meth:`resume_elsewhere`) under another one resumes the rest of the epoch (Note:
-        elastic resume); a single worker's state under another topology cannot (it does not
-        know what the other workers delivered).
-        """
-        here = (worker, num_workers, self.rank, self.world_size)
-        if saved.worker < 0:  # handed over by the loader: the rest of the epoch, from its start
-            return saved.epoch, 0, saved.history
-        if (saved.worker, saved.num_workers, saved.rank, saved.world_size) == here:
-            return saved.epoch, saved.position, saved.history
-        if saved.num_workers == 1:
-            return saved.epoch, 0, saved.handed_over()
-        raise ValueError(
-            f"this state_dict was saved by worker {saved.worker} of {saved.num_workers} of rank "
-            f"{saved.rank} of {saved.world_size} and is resumed by worker {worker} of "
-            f"{num_workers} of rank {self.rank} of {self.world_size}: one worker's state does "
-            f"not say what the other workers delivered; load the loader's state_dict (it holds "
-            f"every worker's), which resumes under any number of workers and ranks"
-        )
+        self._latest = run.begin(epoch, [batches[i] for i in split], position, history)
+        return self._latest
 
     @property
     def resuming(self) -> bool:

@@ -1,8 +1,8 @@
 """The one epoch / position / state mechanism of every dataset.
 
 - :class:`EpochCounter`: which epoch the next pass over a dataset is (Note: epoch word).
-- :class:`Cursor`: one pass: its epoch, its batches and how many it has handed out. A pass owns
-  its position: two passes over one dataset never share or move each other's counter.
+- :class:`Pass`: one pass (of an iterable view in one process, or of a sampler): the point it
+  resumes from, then its epoch, its batches and how many it has handed out.
 - :func:`pass_state` / :func:`check_state`: the one ``state_dict`` layout and its one check,
   used by the iterable datasets' passes and by :class:`~tsfile_torch.data.view.EpochSampler`.
 
@@ -36,13 +36,14 @@ from tsfile_torch.pids import alive
 
 __all__ = [
     "MAX_EPOCH",
-    "Cursor",
+    "Pass",
     "PassPoint",
     "EpochCounter",
     "SharedInt",
     "check_state",
     "pass_state",
     "pass_tag",
+    "resume_point",
 ]
 
 #: Largest epoch the epoch word holds.
@@ -302,32 +303,51 @@ def _plain(value):
     return value
 
 
-class Cursor(Iterator[np.ndarray]):
-    """One pass in progress: its epoch and batches, how many it has handed out (its position),
-    whether it ran out, and where it runs (``topology``: worker, workers, rank, world size).
+class Pass(Iterator[np.ndarray]):
+    """The one pass state of every view and sampler: a pass in progress, or one loaded to resume.
 
-    ``history``: the topologies the epoch ran under before this pass (Note: elastic resume).
-    :meth:`point` is its :class:`PassPoint`, from which its state is written.
+    Before it begins, a pass may hold ``pending``, a loaded :class:`PassPoint` it resumes from
+    (:func:`resume_point`). :meth:`begin` gives it its epoch, its batches (the share of the
+    process that runs it) and its position; it then hands out batches and counts them. It owns
+    its position: two passes over one dataset never share or move each other's counter.
+    ``topology``: (worker, workers, rank, world size) where it runs; ``history``: the topologies
+    its epoch ran under before (Note: elastic resume). :meth:`point` is the :class:`PassPoint`
+    every ``state_dict`` is written from.
     """
 
-    def __init__(
-        self,
-        epoch: int,
-        batches: Sequence[np.ndarray],
-        position: int = 0,
-        history: tuple = (),
-        topology: tuple[int, int, int, int] = (0, 1, 0, 1),
-    ):
+    def __init__(self, topology: tuple[int, int, int, int] = (0, 1, 0, 1), pending=None):
+        self.topology = topology
+        self.pending: PassPoint | None = pending
+        self.epoch: int | None = None
+        self.batches: Sequence[np.ndarray] | None = None  # None: not begun
+        self.position = 0
+        self.history: tuple = ()
+        self.finished = False  # raised StopIteration
+
+    @property
+    def begun(self) -> bool:
+        return self.batches is not None
+
+    def start(self, epochs: EpochCounter, tag: int = 0, leader: bool = True, whole=None):
+        """Return (epoch, position, history) this pass begins at: its pending point resumed
+        (:func:`resume_point`; ``whole``: the point is of a whole pass of its rank, default:
+        saved by one process), or the epoch ``epochs`` gives the next pass."""
+        saved, self.pending = self.pending, None
+        if saved is None:
+            return epochs.claim(tag, leader), 0, ()
+        whole = saved.num_workers == 1 if whole is None else whole
+        epoch, position, history = resume_point(saved, self.topology, whole)
+        if leader:
+            epochs.record(epoch, tag)
+        return epoch, position, history
+
+    def begin(self, epoch: int, batches: Sequence[np.ndarray], position=0, history=()) -> Pass:
         if not 0 <= position <= len(batches):
             raise ValueError(
                 f"cannot resume epoch {epoch} at batch {position}: it has {len(batches)} batches"
             )
-        self.epoch = epoch
-        self.batches = batches
-        self.position = position
-        self.history = history
-        self.topology = topology
-        self.finished = False  # raised StopIteration
+        self.epoch, self.batches, self.position, self.history = epoch, batches, position, history
+        return self
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -340,5 +360,31 @@ class Cursor(Iterator[np.ndarray]):
         return self.batches[self.position - 1]
 
     def point(self) -> PassPoint:
-        """Return where this pass stands."""
+        """Return where this pass stands (its pending point before it begins)."""
+        if not self.begun and self.pending is not None:
+            return self.pending
         return PassPoint(self.epoch, self.position, *self.topology, self.history, self.finished)
+
+
+def resume_point(saved: PassPoint, here: tuple, whole: bool) -> tuple[int, int, tuple]:
+    """Return (epoch, position, history) that resume ``saved`` in a pass of topology ``here``.
+
+    The same topology resumes exactly; a point handed over by a loader (worker -1) or one of a
+    whole pass of its rank (``whole``: a sampler's, a main process's) under another topology
+    resumes the rest of the epoch (Note: elastic resume); a single worker's share cannot (it
+    does not know what the other workers delivered).
+    """
+    if saved.worker < 0:  # handed over by the loader: the rest of the epoch, from its start
+        return saved.epoch, 0, saved.history
+    if (saved.worker, saved.num_workers, saved.rank, saved.world_size) == tuple(here):
+        return saved.epoch, saved.position, saved.history
+    if whole:
+        return saved.epoch, 0, saved.handed_over()
+    worker, num_workers, rank, world_size = here
+    raise ValueError(
+        f"this state_dict was saved by worker {saved.worker} of {saved.num_workers} of rank "
+        f"{saved.rank} of {saved.world_size} and is resumed by worker {worker} of "
+        f"{num_workers} of rank {rank} of {world_size}: one worker's state does "
+        f"not say what the other workers delivered; load the loader's state_dict (it holds "
+        f"every worker's), which resumes under any number of workers and ranks"
+    )
