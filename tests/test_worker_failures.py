@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 class _FailsInNativeRead(TsFileIterableDataset):
     """In workers, the read of rows [2500, ...) fails as ``how`` says: ``"stall"`` blocks in
     native code (libc sleep) for an hour, ``"segv"`` dies of SIGSEGV in native code, ``"kill"``
-    of SIGKILL."""
+    of SIGKILL, ``"kill later"`` of SIGKILL 1.5 s into the read."""
 
     how = "segv"
 
@@ -43,11 +43,31 @@ class _FailsInNativeRead(TsFileIterableDataset):
                             ctypes.CDLL(None).sleep(3600)
                         elif self.how == "kill":
                             os.kill(os.getpid(), signal.SIGKILL)
+                        elif self.how == "kill later":  # once the main thread is in a step
+                            time.sleep(1.5)
+                            os.kill(os.getpid(), signal.SIGKILL)
                         else:
                             ctypes.string_at(0)  # a real segmentation fault, in native code
 
                 reader.on_read, reader._fails = on_read, True
         return super().__iter__()
+
+
+def test_a_worker_killed_during_the_training_step_is_a_worker_error_naming_its_read(small_dir):
+    """torch's SIGCHLD handler raises wherever the main thread is (here in the training step,
+    outside the loader): wrapped while a make_loader pass runs, it names the read; without the
+    wrapping (TSFILE_TORCH_OFF=sigchld) this is torch's bare RuntimeError."""
+    ds = _FailsInNativeRead(small_dir, batch_size=2500, block_rows=2500)
+    ds.how = "kill later"
+    loader = make_loader(ds, num_workers=2)
+    batches = iter(loader)
+    assert len(next(batches)) == 2500
+    with pytest.raises(
+        WorkerError, match=r"part00\d\.tsfile: reading device t\.d\d, rows \[2500, 5000\)"
+    ):
+        time.sleep(10)  # the training step: the worker dies meanwhile
+        next(batches)
+    del batches, loader
 
 
 @pytest.mark.slow  # waits out a loader timeout

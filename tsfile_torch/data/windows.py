@@ -438,11 +438,11 @@ def _annotate(ds):
 
 def gather_block(ds) -> tuple[int, int] | None:
     """The largest block a batch of ``ds`` gathers from, for fork workers to share
-    (:attr:`LoaderSpec.gather_block`): in every order but ``"stretches"`` a batch gathers
-    windows from blocks all over its buffer or the data, or (``"sequential"``) the workers
-    take turns through the same blocks, so without sharing each worker decodes all of them;
-    a ``"stretches"`` worker reads a stretch of its own (None)."""
-    return None if ds.order_spec.order == "stretches" else window_block(ds)
+    (:attr:`LoaderSpec.gather_block`): in the shuffled orders a batch gathers windows from
+    blocks all over its buffer or the data, so without sharing each worker decodes all of them.
+    The in-order orders share none: workers taking turns through the same blocks gained nothing
+    from it (benchmarks/RESULTS.md, "What each mechanism pays")."""
+    return None if ds.order_spec.order in orders.IN_ORDER else window_block(ds)
 
 
 def window_block(ds) -> tuple[int, int]:

@@ -10,7 +10,7 @@ a table saying which block each slot holds. A worker that misses a block in its 
 claims it, decodes it, copies it into the slot and publishes it; the others take it from
 there instead of decoding it again, so the workers together decode each block of an epoch
 about once, in parallel (claims are first come, first served: each worker decodes the blocks
-nobody claimed yet, then waits for the rest). Windows in every order but sequential, and
+nobody claimed yet, then waits for the rest). Windows in the shuffled orders, and
 mixtures of them, are the same: a batch gathers from the finalized blocks
 (:meth:`~tsfile_torch.read.core.ReadingCore.block`) of devices all over its buffer or the data;
 their workers share those (:func:`~tsfile_torch.read.core.share_finalized_blocks`).
