@@ -80,7 +80,8 @@ INTERNALS = {
         "loader.py: a failed pass's workers are ended and the next pass starts new ones; "
         "worker failure reports name the workers; workers ended at interpreter exit; the "
         "shutdown run by a garbage collection ends the workers first (the iterator's class "
-        "swapped for a subclass: Note: an iterator collected in a cycle)",
+        "swapped for a subclass: Note: an iterator collected in a cycle; the torch bug it works "
+        "around, with its reproduction: docs/upstream.md)",
         "torch 2.1 to 2.13, torchdata 0.11",
         "a failed pass's workers are left to torch's shutdown (the next pass may wait on "
         "them) and failure reports name no worker",

@@ -213,8 +213,9 @@ def _warn_random_split(subset, view) -> None:
 # (:class:`_InMain`); an iterable view's fresh pass (not a resumed one) as its workers would
 # deliver it: each worker's share, taken in turn, as DataLoader's in-order delivery takes them
 # (``LoaderSpec.main_pass``). Shuffled row batches are gathers, copies wherever they are made:
-# the workers make them side by side (2 workers: 0.44x the 0-worker epoch, against 1.05x served
-# here). The persistent workers stay up, idle, for a pass that needs them.
+# the workers make them side by side, faster than the main process alone. The persistent
+# workers stay up, idle, for a pass that needs them (benchmarks/RESULTS.md, "What each
+# mechanism pays": "kept").
 # Not for a sampler or collate function of the user's, or torchdata's stateful loader (its state
 # is the workers').
 
@@ -510,8 +511,7 @@ class _Guarded:
         if ds.options.cache == "none" and sums_verified(ds.core):
             # every row of a pass is decoded again by the loader's processes (here or in its
             # workers), whose statistics checks summed each series once they had decoded all
-            # of it, in cell sums shared with this process (10% of a later epoch saved with 0
-            # workers; with 2, half the main process's time beside its workers)
+            # of it, in cell sums shared with this process: summing again would only cost
             return None
         if not spec.iterable and not isinstance(self.sampler, EpochSampler):
             sampler = self.sampler  # only samplers known to visit every batch once
@@ -603,17 +603,12 @@ def _end_unreachable(it) -> None:
     for each. Not at interpreter exit (torch's shutdown then does nothing;
     :func:`_end_workers_at_exit` ends the workers).
 
-    Note: an iterator collected in a cycle. A kept error (a traceback held by a notebook, a
-    logger, ``pytest.raises``) or a loader held in a cycle puts the iterator in a reference
-    cycle; the garbage collector runs the finalizers of its index queues (which stop their
-    feeder threads) before the iterator's ``__del__``, whose shutdown then asks each worker to
-    stop through a queue nobody feeds and waits 5 s for each: a 10 s stall, with 2 workers, of
-    whatever line allocated when the collection came (measured in this project's tests). Here
-    a shutdown (reached through :func:`tsfile_torch.compat.wrap_shutdown`) run by a garbage
-    collection (``gc.callbacks``, :func:`_watch_collections`) first ends the live workers by
-    SIGTERM; other shutdowns (an epoch's end, a loader dropped outside a collection) ask them
-    as torch does. A pass that ended in an error keeps its workers until then (a caller may
-    catch the error and go on: a map-style pass's other batches still come).
+    Note: an iterator collected in a cycle. torch's shutdown of an iterator the garbage
+    collector finds in a reference cycle waits 5 s per worker (docs/upstream.md has the
+    reproduction for torch). A shutdown run by a garbage collection (reached through
+    :func:`tsfile_torch.compat.wrap_shutdown`; ``gc.callbacks``, :func:`_watch_collections`)
+    first ends the live workers by SIGTERM; other shutdowns ask them as torch does. A pass that
+    ended in an error keeps its workers until then (a caller may catch the error and go on).
     """
     if _exiting is not False or _collecting != threading.get_ident():
         return

@@ -13,8 +13,7 @@ In a DataLoader worker a batch travels to the main process through shared memory
 its arrays there from the start (as ``default_collate`` does) saves copying them at pickling,
 and carving every array of a batch (values, times, masks, features, ids) from one buffer costs
 one file-descriptor hand-over per batch, each a round trip to the busy worker's resource-sharer
-thread, not one per array (dict items have six: measured through 2 workers, the round trips
-were a third of the main process's time). Rows, windows and mixtures all allocate their
+thread, not one per array (dict items have six). Rows, windows and mixtures all allocate their
 batches here (:func:`batch_arrays`), and make tensors of them with :func:`as_tensor`; outside a
 worker the arrays are plain numpy arrays. Kept batches go by reference (Note: hand-over in
 :mod:`tsfile_torch.data.view`).

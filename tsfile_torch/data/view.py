@@ -22,8 +22,8 @@ travel as values: the worker returns a :class:`KeptBatch` (the request it was gi
 numbers) and the main process serves the request from its own mapping of the same store (one
 copy, as with ``num_workers=0``). Spawn and forkserver workers keep a memory store each: they
 send values. A shuffled row batch is a gather, a copy wherever it is made: the worker
-makes it, into its ring slot, so workers gather in parallel instead of the main process alone
-(2 workers: 0.5x the epoch of 0 workers, where the main process's gathers made it 2.7x). Any
+makes it, into its ring slot, so workers gather in parallel instead of the main process alone.
+Any
 other batch a worker makes is carved from one shared-memory buffer
 (:mod:`tsfile_torch.data.handover`), a slot of its ring. Only
 :func:`tsfile_torch.make_loader`'s workers hand kept batches over (its ``worker_init_fn`` sets

@@ -389,7 +389,7 @@ class EpochSums:
 def column_sums(values: np.ndarray) -> np.ndarray:
     """Return the float64 sum of each column of a ``(rows, columns)`` batch, nulls (NaN) left
     out, as :class:`EpochSums` adds them."""
-    sums = values.sum(axis=0, dtype=np.float64)  # 1.4x faster than nansum when no NaN
+    sums = values.sum(axis=0, dtype=np.float64)  # faster than nansum when no NaN
     for k in np.flatnonzero(np.isnan(sums)):
         sums[k] = np.nansum(values[:, k], dtype=np.float64)
     return sums

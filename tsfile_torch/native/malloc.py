@@ -3,8 +3,8 @@
 tsfile decodes into freshly allocated native buffers; with glibc's defaults, buffers over the
 dynamic mmap threshold are unmapped on free and page-faulted in again on the next query.
 ``mallopt(M_MMAP_THRESHOLD, 32 MiB)`` and ``mallopt(M_TRIM_THRESHOLD, 1 GiB)`` (what the
-``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables do) took a
-streaming epoch of the reference workload from 0.17 s to 0.10 s here. The cost: up to 1 GiB of
+``MALLOC_MMAP_THRESHOLD_`` / ``MALLOC_TRIM_THRESHOLD_`` environment variables do) keep them
+mapped (benchmarks/RESULTS.md, "What each mechanism pays": "malloc"). The cost: up to 1 GiB of
 freed heap may stay in the process instead of going back to the OS, and glibc's dynamic mmap
 threshold stays off for the life of the process (mallopt cannot be undone exactly). Applied by
 the reader of a process that reads (``malloc_tuning=True``, the default), once per process;

@@ -701,9 +701,9 @@ def decode_threads(options: ReadOptions) -> int:
     """Return the native decode threads of a reader: as asked, else the usable CPUs split among
     the reading processes, at most 4 each: up to 4 with ``num_workers=0``, ``cpus // N`` in each
     of N DataLoader workers (1 where there are no more CPUs than workers), divided again by the
-    ranks on this machine where torchrun says (``LOCAL_WORLD_SIZE``). One thread per worker
-    left 2 workers on 16 cores 1.16x slower than 0 workers, which decode on 4 threads
-    (``benchmarks/RESULTS.md``, "Decode threads per process")."""
+    ranks on this machine where torchrun says (``LOCAL_WORLD_SIZE``): one thread per worker left
+    workers short of decode threads, not of cores (``benchmarks/RESULTS.md``, "Decode threads
+    per process")."""
     if options.decode_threads is not None:
         return options.decode_threads
     return cpu_share(4)

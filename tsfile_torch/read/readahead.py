@@ -8,9 +8,10 @@ for it, and decodes itself, on its decode threads beside the other blocks it mis
 whose decode ahead no thread has started yet (the read-ahead has fewer threads: it leaves a core
 to the caller). In a process's first pass, the first read of a group whose block is large
 decodes only the rows asked for (:data:`FIRST_BLOCK_ROWS` or fewer) and leaves the whole block
-to the background, so the first batch of a run costs about one batch's decode, not a block's.
-Later passes do not: it costs about 10% more decoding (those rows are decoded twice, in more
-queries), and a later epoch's first batch follows a training step, not a start-up.
+to the background, so the first batch of a run costs about one batch's decode, not a block's
+(benchmarks/RESULTS.md, "What each mechanism pays": "first_read"). Later passes do not: those
+rows are decoded twice, and a later epoch's first batch follows a training step, not a
+start-up.
 
 A sequential streaming pass (the view says so: :attr:`ReadAhead.next_pass`) also decodes ahead
 for the pass after it: once a read reaches the last block of a group in range, the block that
@@ -42,14 +43,14 @@ reader's gate, which the forking thread closes before the fork and reopens after
 may fork at once), and the child drops what every reader copied (pools without threads, pending
 decodes) and starts its own threads when it reads. The caller's own decode threads are idle
 whenever its thread forks. A URL's download is done before the gate (``Source.prepare``): a fork
-never waits on the network (it waited forever on a download stuck in s3fs).
+never waits on the network.
 
 Note: an error stops its read-ahead. A read that raises (a damaged block, memory run out, a
 KeyboardInterrupt) first cancels the decodes ahead that no thread has started and waits for the
 running ones (:func:`stopping_on_error` on the reader's reads, :meth:`ReadAhead.stop`), and a
 read's own decode threads are all waited for before one's error is raised: no decode runs on
 in the background once the error has reached the caller (a process ending on that error would
-tear down the interpreter under a native decode; seen as a SIGSEGV under ``ulimit -v``). A
+tear down the interpreter under a native decode). A
 thread that cannot start (``can't start new thread``: memory short) is no error either: the
 read decodes in its own thread and this reader stops decoding ahead."""
 
