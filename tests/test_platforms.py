@@ -33,6 +33,8 @@ if "fallocate" in hidden and hasattr(os, "posix_fallocate"):
     del os.posix_fallocate
 if "fork" in hidden and hasattr(os, "fork"):
     del os.fork
+if "fchmod" in hidden and hasattr(os, "fchmod"):  # Windows before Python 3.13
+    del os.fchmod
 if "proc" in hidden:
     import builtins
 
@@ -146,6 +148,42 @@ def test_training_works_with_every_linux_only_api_missing(small_dir, small_expec
     got = _train_hidden("posixshmem,fallocate,proc,prctl,fork", small_dir, tmp_path)
     assert (got["ring"], got["context"], got["fork_fix"]) == (False, "spawn", False), got
     assert "tsfile-torch-parent-guard" in got["threads"]
+    values = np.load(tmp_path / "values.npy")
+    want = small_expected.astype(np.float32)
+    np.testing.assert_array_equal(_sorted_rows(values), _sorted_rows(want))
+
+
+_DISK_CACHE = r"""
+import json, os, stat, sys
+import numpy as np
+import torch
+from tsfile_torch import TsFileIterableDataset, make_loader
+
+if __name__ == "__main__":
+    assert not hasattr(os, "fchmod")
+    cache_dir = os.path.join(sys.argv[2], "cache")
+    runs = []
+    for _ in range(2):  # the second run reads the entries the first wrote
+        ds = TsFileIterableDataset(sys.argv[1], batch_size=1000, cache="disk", cache_dir=cache_dir)
+        runs.append(torch.cat(list(make_loader(ds, num_workers=1))).numpy())
+    np.save(os.path.join(sys.argv[2], "values.npy"), runs[0])
+    modes = {}
+    for root, dirs, files in os.walk(cache_dir):
+        for name in dirs + files:
+            path = os.path.join(root, name)
+            modes[os.path.relpath(path, cache_dir)] = stat.S_IMODE(os.lstat(path).st_mode)
+    print(json.dumps({"same": bool((runs[0] == runs[1]).all()), "modes": modes}))
+"""
+
+
+def test_the_disk_cache_without_os_fchmod_is_private_and_exact(small_dir, small_expected, tmp_path):
+    done = _run_hidden("fchmod", _DISK_CACHE, str(small_dir), str(tmp_path), tmp_path=tmp_path)
+    assert done.returncode == 0, done.stderr[-4000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["same"]
+    files = {k: m for k, m in got["modes"].items() if os.path.isfile(tmp_path / "cache" / k)}
+    assert files and set(files.values()) == {0o600}, got["modes"]
+    assert set(got["modes"].values()) <= {0o600, 0o700}, got["modes"]
     values = np.load(tmp_path / "values.npy")
     want = small_expected.astype(np.float32)
     np.testing.assert_array_equal(_sorted_rows(values), _sorted_rows(want))

@@ -64,6 +64,7 @@ __all__ = [
     "private_dir",
     "seal",
     "secret",
+    "set_mode",
     "unseal",
 ]
 
@@ -190,11 +191,22 @@ def create_file(path: str, mode: int = 0o600) -> int:
         logger.info("%s existed (a leftover, or a link): removed, created afresh", path)
         fd = os.open(path, flags, mode)
     try:
-        os.fchmod(fd, mode)
+        set_mode(fd, path, mode)
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def set_mode(fd: int, path: str, mode: int) -> None:
+    """Set the mode of open file ``fd`` (at ``path``): ``os.fchmod`` where the platform has it,
+    else ``os.chmod`` of the path (Windows before Python 3.13, which keeps only a read-only
+    bit)."""
+    fchmod = getattr(os, "fchmod", None)
+    if fchmod is not None:
+        fchmod(fd, mode)
+    else:
+        os.chmod(path, mode)
 
 
 def _open_lock(path: str) -> int:
@@ -217,7 +229,7 @@ def _open_lock(path: str) -> int:
         if stat.S_ISREG(st.st_mode):
             if mode != 0o600 and st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) != mode:
                 with contextlib.suppress(OSError):
-                    os.fchmod(fd, mode)  # the umask took the group's write bit
+                    set_mode(fd, path, mode)  # the umask took the group's write bit
             return fd
         os.close(fd)
         raise OSError(errno.EINVAL, "a lock file must be a regular file", path)
@@ -423,7 +435,7 @@ def _new_secret(directory: CacheDir, path: str) -> None:
     """Write a new key beside ``path`` and link it there, unless another process was first."""
     fd, tmp = tempfile.mkstemp(dir=directory.path, prefix=".key-")
     try:
-        os.fchmod(fd, 0o640 if directory.shared else 0o600)
+        set_mode(fd, tmp, 0o640 if directory.shared else 0o600)
         os.write(fd, secrets.token_bytes(_KEY_BYTES))
         os.close(fd)
         fd = -1

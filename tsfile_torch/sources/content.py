@@ -50,7 +50,7 @@ from typing import IO, Any
 
 from tsfile_torch.errors import TsFileFormatError, warn_caller
 from tsfile_torch.options import user_cache_dir
-from tsfile_torch.sources.cachedir import private_dir
+from tsfile_torch.sources.cachedir import private_dir, set_mode
 
 __all__ = [
     "ALGORITHM",
@@ -182,7 +182,7 @@ def atomic_write(path: str, write: Callable[[IO[bytes]], Any], cache: bool = Tru
             mode = 0o600
         fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")  # 0600
         if mode != 0o600:
-            os.fchmod(fd, mode)  # a group share's
+            set_mode(fd, tmp, mode)  # a group share's
         with os.fdopen(fd, "wb") as fh:
             write(fh)
         os.replace(tmp, path)  # atomic: concurrent writers write the same bytes
