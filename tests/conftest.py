@@ -421,3 +421,30 @@ def flip_value_byte():
     sees; ``s3`` + 500 to a value outside the series' [min, max] in rows [0, 5000).
     """
     return _flip_value_byte
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """One local Ray cluster for the module that asks for it, its workers importing this
+    checkout, rows kept in order, no progress bars; shut down after the module, so no Ray
+    thread outlives it (Note: no thread outlives a test)."""
+    import os
+    from pathlib import Path
+
+    ray = pytest.importorskip("ray")
+    pytest.importorskip("ray.data")
+    root = str(Path(__file__).resolve().parents[1])
+    old = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, old) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    context = ray.data.DataContext.get_current()
+    saved = context.execution_options.preserve_order, context.enable_progress_bars
+    context.execution_options.preserve_order = True  # compare rows in order
+    context.enable_progress_bars = False
+    yield ray
+    context.execution_options.preserve_order, context.enable_progress_bars = saved
+    ray.shutdown()
+    if old is None:
+        os.environ.pop("PYTHONPATH", None)
+    else:
+        os.environ["PYTHONPATH"] = old

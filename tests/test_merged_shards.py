@@ -5,10 +5,8 @@ late-data and three-way overlaps with empty cells; duplicates in each mode, cell
 
 from __future__ import annotations
 
-import os
 import pickle
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -28,7 +26,6 @@ from tsfile_torch import (
 from tsfile_torch.catalog.build import build_catalog
 from tsfile_torch.cli import main
 
-ROOT = Path(__file__).resolve().parent.parent
 M = 60_000  # one minute in ms
 BASE = 1_704_067_200_000  # 2024-01-01T00:00:00Z
 N = 600
@@ -397,28 +394,6 @@ def test_hf_windows_for_patchtst_match_pandas_concat_and_sort(case):
     transformers.PatchTSTForPrediction(config)(
         **{k: v for k, v in batch.items() if k != "past_time"}
     )
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    """A local Ray cluster for this module, its workers importing this checkout (as
-    tests/test_ray.py starts its own); shut down after it."""
-    ray = pytest.importorskip("ray")
-    pytest.importorskip("ray.data")
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    context = ray.data.DataContext.get_current()
-    saved = context.execution_options.preserve_order, context.enable_progress_bars
-    context.execution_options.preserve_order = True
-    context.enable_progress_bars = False
-    yield ray
-    context.execution_options.preserve_order, context.enable_progress_bars = saved
-    ray.shutdown()
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
 
 
 @pytest.mark.slow

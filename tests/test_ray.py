@@ -46,26 +46,9 @@ def tray():
 
 
 @pytest.fixture(scope="module")
-def cluster(tray):
-    """One local Ray cluster for this module, its workers importing this checkout; shut down
-    after it, so no Ray thread outlives the module (Note: no thread outlives a test, in
-    conftest.py: a running thread makes every later dataset build validate in a new process)."""
-    import ray
-
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), old) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    context = ray.data.DataContext.get_current()
-    saved = context.execution_options.preserve_order, context.enable_progress_bars
-    context.execution_options.preserve_order = True  # compare rows in order
-    context.enable_progress_bars = False
-    yield ray
-    context.execution_options.preserve_order, context.enable_progress_bars = saved
-    ray.shutdown()
-    if old is None:
-        os.environ.pop("PYTHONPATH", None)
-    else:
-        os.environ["PYTHONPATH"] = old
+def cluster(tray, ray_cluster):
+    """The module's local Ray cluster (``ray_cluster`` in conftest.py)."""
+    return ray_cluster
 
 
 def _columns(ds) -> dict[str, np.ndarray]:
