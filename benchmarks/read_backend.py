@@ -219,7 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
 
-    from tsfile_torch.bench.harness import write_json
+    from tsfile_torch.bench.harness import finish
     from tsfile_torch.bench.reference import reference_data
     from tsfile_torch.sources import expand_sources
 
@@ -229,11 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     records = run(paths, 2 if args.quick else args.repeats, progress=not args.no_progress)
     total = sum(os.path.getsize(p) for p in paths)
     print(f"{len(paths)} files, {total / (1 << 20):.1f} MiB, {CHUNK // 1024} KiB reads")
-    print(format_table(summarize(records)))
-    if args.json:
-        write_json(records, args.json)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0
+    return finish(format_table(summarize(records)), records, args.json)
 
 
 if __name__ == "__main__":

@@ -28,10 +28,10 @@ import time
 from tsfile_torch.bench.harness import (
     Timings,
     consume,
+    finish,
     later_epochs,
     min_median,
     repeat,
-    write_json,
 )
 from tsfile_torch.data.rows import TsFileIterableDataset
 from tsfile_torch.loader import make_loader
@@ -170,11 +170,7 @@ def main(argv: list[str] | None = None) -> int:
         rounds=args.rounds or (1 if args.quick else 3),
         read_backend=args.backend,
     )
-    print(format_remote_table(records))
-    if args.json:
-        write_json(records, args.json)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0
+    return finish(format_remote_table(records), records, args.json)
 
 
 if __name__ == "__main__":

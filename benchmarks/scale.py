@@ -35,7 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from tqdm import tqdm
 
 from tsfile_torch import synthetic
-from tsfile_torch.bench.harness import MODULUS, consume, later_epochs, repeat, write_json
+from tsfile_torch.bench.harness import MODULUS, consume, finish, later_epochs, repeat
 
 __all__ = ["run_scale", "format_scale", "main", "plot_scale"]
 
@@ -509,14 +509,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--plot", help="write a PNG bar chart (needs matplotlib)")
     args = parser.parse_args(argv)
     records = run_scale(args.cache_dir, quick=args.quick)
-    print(format_scale(records))
     if args.plot:
         plot_scale(records, args.plot)
         print(f"wrote {args.plot}")
-    if args.json:
-        write_json(records, args.json)
-        print(f"wrote {len(records)} records to {args.json}")
-    return 0
+    return finish(format_scale(records), records, args.json)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ value, mask and timestamp of every window checked against a pandas reindex of th
 
 from __future__ import annotations
 
+import pickle
 import warnings
 
 import numpy as np
@@ -80,6 +81,24 @@ def windows_by_start(batches) -> dict:
             assert key not in out
             out[key] = {k: v[i] for k, v in batch.items()}
     return out
+
+
+@pytest.mark.parametrize("freq", ["15min", None])
+def test_no_epoch_reads_a_time_column_the_build_read(meters, tmp_path, freq):
+    """The build reads each device's time column (its grid; without freq=, the missing-timestamps
+    warning): the timeline indexes come from that read (Note: seeded indexes), saved for the
+    readers of this process and of its workers."""
+    index = tmp_path / "index"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the warning without freq=
+        ds = TsFileWindowDataset(meters, CONTEXT, HORIZON, freq=freq, index_cache=str(index))
+    assert list(index.rglob("*.npy"))
+    for copy in (ds, pickle.loads(pickle.dumps(ds))):  # as a DataLoader worker gets it
+        seen = []
+        copy.core.reader.on_read = lambda what, seen=seen: seen.append(what) if what else None
+        assert sum(len(x) for x, _ in make_loader(copy, batch_size=32)) == len(copy)
+        assert [w for w in seen if "rows [" in w]  # the values were read
+        assert not [w for w in seen if "timeline index" in w], seen
 
 
 @pytest.mark.parametrize("num_workers", [0, 2])

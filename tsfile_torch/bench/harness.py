@@ -26,6 +26,7 @@ __all__ = [
     "checksum",
     "consume",
     "environment",
+    "finish",
     "later_epochs",
     "min_median",
     "repeat",
@@ -204,6 +205,16 @@ def _dist_version(name: str) -> str:
         return version(name)
     except PackageNotFoundError:
         return "unknown"
+
+
+def finish(table: str, records: list[dict], json_path: str | None) -> int:
+    """Print a benchmark's table, write its records to ``json_path`` when given (saying so), and
+    return 0, the exit status of its ``main``."""
+    print(table)
+    if json_path:
+        write_json(records, json_path)
+        print(f"wrote {len(records)} records to {json_path}")
+    return 0
 
 
 def write_json(records: Iterable[dict], path: str, append: bool = False) -> None:

@@ -42,7 +42,14 @@ from tsfile_torch.sources import expand_sources
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["VERIFY_HINT", "DeviceInfo", "DeviceListing", "list_devices"]
+__all__ = [
+    "VERIFY_HINT",
+    "DeviceInfo",
+    "DeviceListing",
+    "list_devices",
+    "median_step",
+    "step_counts",
+]
 
 #: The end of every reason a listing gives for a file it left out.
 VERIFY_HINT = "check the file with `tsfile-torch verify`"
@@ -296,12 +303,26 @@ def _mix_sum(times: np.ndarray, seed: int) -> int:
     return int(z.sum(dtype=np.uint64))
 
 
+def step_counts(steps: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Return each distinct step of ``steps`` and how often it occurs (a regular clock: no
+    sort)."""
+    if len(steps) and steps.min() == steps.max():
+        return steps[:1], np.array([len(steps)], dtype=np.int64)
+    return np.unique(steps, return_counts=True)
+
+
+def median_step(steps: np.ndarray, counts: np.ndarray) -> int:
+    """Return the exact (lower) median of steps given as values and their counts (values may
+    repeat: counts of several stretches, concatenated); the one step statistic of the device
+    listing and of the missing-timestamps warning."""
+    order = np.argsort(steps, kind="stable")
+    cum = np.cumsum(counts[order])
+    middle = (int(cum[-1]) - 1) // 2  # the lower median's position among the sorted steps
+    return int(steps[order][np.searchsorted(cum, middle, side="right")])
+
+
 def _clock(times: np.ndarray, keep: bool = False) -> _Clock:
-    steps = np.diff(times)
-    if len(steps) and steps.min() == steps.max():  # a regular clock: no sort needed
-        distinct, counts = steps[:1], np.array([len(steps)], dtype=np.int64)
-    else:
-        distinct, counts = np.unique(steps, return_counts=True)
+    distinct, counts = step_counts(np.diff(times))
     return _Clock(
         len(times),
         int(times[0]),
@@ -345,10 +366,7 @@ def _key(pieces: Sequence[_Clock]) -> str:
 def _median_and_gap(clock: _Clock) -> tuple[int | None, int | None]:
     if clock.num_rows < 2:
         return None, None
-    order = np.argsort(clock.steps, kind="stable")
-    steps, counts = clock.steps[order], np.cumsum(clock.counts[order])
-    middle = (int(counts[-1]) - 1) // 2  # the lower median's position among the sorted steps
-    return int(steps[np.searchsorted(counts, middle, side="right")]), int(steps[-1])
+    return median_step(clock.steps, clock.counts), int(clock.steps.max())
 
 
 def _read_file(

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from tsfile_torch.catalog.listing import median_step, step_counts
 from tsfile_torch.errors import SchemaError
 from tsfile_torch.options import format_timestamp
 
@@ -209,27 +210,27 @@ class Grid:
 
 
 def step_summary(stretches: Iterable[np.ndarray]) -> StepSummary:
-    """Return the steps between consecutive timestamps given in ``stretches`` (in order)."""
-    medians, largest, largest_at, prev = [], 0, 0, None
+    """Return the steps between consecutive timestamps given in ``stretches`` (in order): the
+    exact median step (as :func:`tsfile_torch.list_devices` gives it) and the largest."""
+    values, counts, largest, largest_at, prev = [], [], 0, 0, None
     for times in stretches:
         if not len(times):
             continue
         full = times if prev is None else np.r_[prev, times]
         steps = np.diff(full)
         if len(steps):
-            medians.append((float(np.median(steps)), len(steps)))
+            distinct, n = step_counts(steps)
+            values.append(distinct)
+            counts.append(n)
             i = int(np.argmax(steps))
             if steps[i] > largest:
                 largest, largest_at = int(steps[i]), int(full[i + 1])
         prev = int(times[-1])
-    if not medians:
+    if not values:
         return StepSummary(0, 0, 0)
-    values = np.array([m for m, _ in medians])
-    weights = np.array([w for _, w in medians], dtype=np.float64)
-    order = np.argsort(values)
-    cum = np.cumsum(weights[order])
-    typical = int(values[order][int(np.searchsorted(cum, cum[-1] / 2))])
-    return StepSummary(typical, largest, largest_at)
+    return StepSummary(
+        median_step(np.concatenate(values), np.concatenate(counts)), largest, largest_at
+    )
 
 
 def _off_grid(spec: GridSpec, name: str, t: int, anchor: int) -> None:

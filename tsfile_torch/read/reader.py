@@ -37,7 +37,7 @@ from tsfile_torch.read.exchange import fill_cache
 from tsfile_torch.read.openfiles import OpenFiles
 from tsfile_torch.read.readahead import FIRST_BLOCK_ROWS, ReadAhead, stopping_on_error
 from tsfile_torch.read.readahead import local_rows as _local_rows
-from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, time_column_damaged
+from tsfile_torch.read.timeline import DEFAULT_INDEX_STRIDE, marks_of, time_column_damaged
 
 __all__ = [
     "BatchReader",
@@ -512,7 +512,9 @@ class BatchReader:
 
 def read_times(reader: BatchReader, columns: tuple[int, ...]) -> Iterator[np.ndarray]:
     """Yield the timestamps of the rows of ``reader.view(columns)``, one read group at a time
-    (their time columns only, no values decoded).
+    (their time columns only, no values decoded). Each group's timeline index is taken from
+    them and saved where the index cache is on, so no later reader reads the column again
+    (Note: seeded indexes in :mod:`tsfile_torch.read.timeline`).
 
     Raises:
         TsFileFormatError: a group's time column disagrees with its metadata row count.
@@ -527,6 +529,10 @@ def read_times(reader: BatchReader, columns: tuple[int, ...]) -> Iterator[np.nda
             t0, t1 = group.start_time, group.end_time
             message = time_column_damaged(device, 0, t0, t1, len(times), group.num_rows, t1)
             raise TsFileFormatError(message)
+        stride = reader.decoder.index_stride
+        marks = marks_of(times, group.num_rows, group.start_time, group.end_time, stride)
+        if marks is not None:
+            reader.decoder.seed(gi, marks, stride, save=True)
         yield times
 
 
