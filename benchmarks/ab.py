@@ -25,8 +25,11 @@ import sys
 import tempfile
 import time
 
-#: (view, cache, workers, order) of each configuration, by short name
+#: (view, cache, workers, order[, seconds of training step per batch]) of each configuration;
+#: a step sleeps (a GPU-bound step: the CPU is free meanwhile)
 CONFIGS = {
+    "rows none 0w seq, 20 ms steps": ("rows", "none", 0, "sequential", 0.02),
+    "rows none 2w seq, 20 ms steps": ("rows", "none", 2, "sequential", 0.02),
     "rows none 0w seq": ("rows", "none", 0, "sequential"),
     "rows none 2w seq": ("rows", "none", 2, "sequential"),
     "rows none 2w stretches": ("rows", "none", 2, "stretches"),
@@ -53,7 +56,13 @@ WHERE = {
     ],
     "exchange": ["rows none 2w shuffle", "windows none 2w shuffle", "windows none 2w seq"],
     "first_read": ["rows none 0w seq", "rows none 2w stretches", "windows none 0w shuffle"],
-    "readahead": ["rows none 0w seq", "rows none 2w seq", "rows none 2w stretches"],
+    "readahead": [
+        "rows none 0w seq",
+        "rows none 2w seq",
+        "rows none 2w stretches",
+        "rows none 0w seq, 20 ms steps",
+        "rows none 2w seq, 20 ms steps",
+    ],
     "kept": [
         "rows memory 2w seq",
         "rows disk 2w seq",
@@ -94,7 +103,7 @@ def _measure(config: str, rows_paths, panel_paths, cache_dir: str, epochs: int) 
     from tsfile_torch import TsFileIterableDataset, TsFileWindowDataset, make_loader
     from tsfile_torch.bench.harness import consume
 
-    view, cache, workers, order = CONFIGS[config]
+    view, cache, workers, order, *step = CONFIGS[config]
     common = dict(read_backend="auto", cache=cache, cache_dir=cache_dir)
     if view == "rows":
         ds = TsFileIterableDataset(rows_paths, order=order, **common)
@@ -109,12 +118,23 @@ def _measure(config: str, rows_paths, panel_paths, cache_dir: str, epochs: int) 
         head = next(batches)
         if not seconds:
             first_batch = time.perf_counter() - start
-        got = consume(itertools.chain([head], batches), per_item=view == "windows")
+        batches = itertools.chain([head], batches)
+        if step:
+            batches = _stepped(batches, step[0])
+        got = consume(batches, per_item=view == "windows")
         seconds.append(time.perf_counter() - start)
         sums.append(got.checksum)
     del loader, ds, batches, head
     later = statistics.median(seconds[1:])
     return {"first_batch": first_batch, "first": seconds[0], "later": later, "sums": sums}
+
+
+def _stepped(batches, seconds: float):
+    """Yield ``batches``, each after a training step of ``seconds`` on the one before."""
+    for i, batch in enumerate(batches):
+        if i:
+            time.sleep(seconds)
+        yield batch
 
 
 def _child(args) -> None:
