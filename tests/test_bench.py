@@ -234,3 +234,44 @@ def test_each_benchmark_script_runs_from_the_checkout(name, bench_script, monkey
         runpy.run_path(sys.argv[0], run_name="__main__")
     assert exit_.value.code == 0
     assert "usage:" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # builds a wheel: about 20 s
+def test_bench_quick_runs_from_the_wheel_alone(tiny_dir, tmp_path):
+    """What a user installs: the wheel's files only (no checkout, no benchmarks/ folder)."""
+    import os
+    import subprocess
+    import zipfile
+
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+         "-w", str(tmp_path / "dist"), str(ROOT)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-3000:]
+    (wheel,) = (tmp_path / "dist").glob("tsfile_torch-*.whl")
+    site = tmp_path / "site"
+    with zipfile.ZipFile(wheel) as zf:
+        names = zf.namelist()
+        zf.extractall(site)
+    assert not [n for n in names if n.startswith("benchmarks/")]
+    bench_lines = sum(
+        len((site / n).read_text().splitlines())
+        for n in names
+        if n.startswith("tsfile_torch/bench/") and n.endswith(".py")
+    )
+    assert bench_lines <= 900  # the user's diagnostic only (issue #44)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["PYTHONPATH"] = str(site)
+    args = ["bench", "--quick", "--data", str(tiny_dir), "--no-progress", "--workers", "0"]
+    done = subprocess.run(
+        [sys.executable, "-m", "tsfile_torch", *args],
+        capture_output=True, text=True, timeout=300, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "memcopy reference" in done.stdout and "TsFileDataFrame" in done.stdout
+    probe = subprocess.run(
+        [sys.executable, "-c", "import tsfile_torch; print(tsfile_torch.__file__)"],
+        capture_output=True, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    assert probe.stdout.strip().startswith(str(site)), probe.stdout
