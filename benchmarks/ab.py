@@ -48,31 +48,18 @@ CONFIGS = {
 
 #: the configurations each mechanism acts in (the ones the docs recommend among them)
 WHERE = {
-    "ring": [
-        "rows none 2w seq",
-        "rows none 2w shuffle",
-        "rows disk 2w shuffle",
-        "windows none 2w shuffle",
-    ],
+    "ring": ["rows none 2w seq", "rows none 2w shuffle", "rows disk 2w shuffle",
+             "windows none 2w shuffle"],
     "exchange": ["rows none 2w shuffle", "windows none 2w shuffle", "windows none 2w seq"],
     "first_read": ["rows none 0w seq", "rows none 2w stretches", "windows none 0w shuffle"],
-    "readahead": [
-        "rows none 0w seq",
-        "rows none 2w seq",
-        "rows none 2w stretches",
-        "rows none 0w seq, 20 ms steps",
-        "rows none 2w seq, 20 ms steps",
-    ],
-    "kept": [
-        "rows memory 2w seq",
-        "rows disk 2w seq",
-        "windows memory 2w shuffle",
-        "windows disk 2w shuffle",
-    ],
+    "readahead": ["rows none 0w seq", "rows none 2w seq", "rows none 2w stretches",
+                  "rows none 0w seq, 20 ms steps", "rows none 2w seq, 20 ms steps"],
+    "kept": ["rows memory 2w seq", "rows disk 2w seq", "windows memory 2w shuffle",
+             "windows disk 2w shuffle"],
     "epoch_sums": ["rows memory 0w seq", "rows disk 0w seq", "rows disk 2w seq"],
     "malloc": ["rows none 0w seq", "rows none 2w shuffle", "windows none 0w shuffle"],
     "sigchld": ["rows none 2w seq", "windows none 2w shuffle"],
-}
+}  # fmt: skip
 
 
 #: what each mechanism is judged on: (result key, label); later epochs unless it acts on the first
