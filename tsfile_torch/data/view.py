@@ -23,8 +23,7 @@ numbers) and the main process serves the request from its own mapping of the sam
 copy, as with ``num_workers=0``). Spawn and forkserver workers keep a memory store each: they
 send values. A shuffled row batch is a gather, a copy wherever it is made: the worker
 makes it, into its ring slot, so workers gather in parallel instead of the main process alone.
-Any
-other batch a worker makes is carved from one shared-memory buffer
+Any other batch a worker makes is carved from one shared-memory buffer
 (:mod:`tsfile_torch.data.handover`), a slot of its ring. Only
 :func:`tsfile_torch.make_loader`'s workers hand kept batches over (its ``worker_init_fn`` sets
 ``hand_over`` on the worker's cores), and its iterator turns every :class:`KeptBatch` back into
@@ -475,7 +474,7 @@ class EpochSampler(tud.Sampler):
         point = state.check_state(saved, self.identity(), "EpochSampler")
         pending = None if point.epoch is None else point
         self._latest = state.Pass(self._topology(), pending)
-        exact = pending is not None and tuple(pending[2:6]) == self._topology()
+        exact = pending is not None and pending.topology == self._topology()
         if pending is not None and (pending.position == 0 or not exact):
             self.dataset.epochs.set(pending.epoch)
 
@@ -499,7 +498,7 @@ class EpochSampler(tud.Sampler):
         """Return the epoch the next pass takes (claimed at its first batch) and the history it
         resumes after (Note: loader resume in :mod:`tsfile_torch.loader`)."""
         loaded = self._loaded()
-        if loaded is not None and not loaded.begun:
+        if loaded is not None:
             epoch, _, history = state.resume_point(loaded.pending, self._topology(), whole=True)
             return epoch, history
         return self.dataset.epochs.peek(), ()

@@ -167,9 +167,7 @@ class Alignment:
                         [f.name for f in catalog.files],
                         time_unit,
                         reader.index_stride,
-                    )
-                    view = reader.view((k,))  # saved to the index cache where one is set
-                    merge.seed(reader.decoder, {g: view.groups[g] for g in view.ref_groups}, True)
+                    )  # read_times seeded (and saved) this reader's indexes
                     timelines.append(_Timeline(positions, tuple(cols), times, merge))
                     continue
                 view = reader.view((k,))

@@ -597,9 +597,9 @@ def share_blocks(core: ReadingCore, num_workers: int, rows: int, fields: int) ->
     finalized blocks of :meth:`ReadingCore.block`)."""
     o = core.options
     if o.cache != "none" or num_workers < 2 or o.cache_bytes == 0 or core._exchange is not None:
-        return
-    if not mechanisms.on("exchange"):
         return  # one per core: the processes of every loader over it take columns of their own
+    if not mechanisms.on("exchange"):
+        return
     capacity = o.cache_bytes
     if capacity is None:
         capacity = default_cache_bytes(core.catalog, 8, core.block_rows)

@@ -50,9 +50,9 @@ KeyboardInterrupt) first cancels the decodes ahead that no thread has started an
 running ones (:func:`stopping_on_error` on the reader's reads, :meth:`ReadAhead.stop`), and a
 read's own decode threads are all waited for before one's error is raised: no decode runs on
 in the background once the error has reached the caller (a process ending on that error would
-tear down the interpreter under a native decode). A
-thread that cannot start (``can't start new thread``: memory short) is no error either: the
-read decodes in its own thread and this reader stops decoding ahead."""
+tear down the interpreter under a native decode). A thread that cannot start (``can't start new
+thread``: memory short) is no error either: the read decodes in its own thread and this reader
+stops decoding ahead."""
 
 from __future__ import annotations
 
@@ -135,9 +135,8 @@ class ReadAhead:
         self.begun: set[int] = set()  # groups read since the pass began
         self.later: list[tuple[int, int]] = []  # blocks to decode ahead once a read is done
         self.heads: dict[tuple[int, int], Block] = {}  # first reads, decoded small
-        self.small_first = mechanisms.on(
-            "first_read"
-        )  # the first pass of the process (see the module notes)
+        #: the first pass of the process (see the module notes)
+        self.small_first = mechanisms.on("first_read")
         #: the pass is sequential and keeps nothing: decode the next pass's first blocks
         self.next_pass = False
         self.first: dict[int, int] = {}  # group -> the block this pass began with

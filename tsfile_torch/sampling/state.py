@@ -186,6 +186,11 @@ class PassPoint(NamedTuple):
     history: tuple = ()
     finished: bool = False
 
+    @property
+    def topology(self) -> tuple[int, int, int, int]:
+        """(worker, num_workers, rank, world_size): where the pass ran."""
+        return self.worker, self.num_workers, self.rank, self.world_size
+
     def handed_over(self, delivered: int | None = None) -> tuple:
         """Return the history of the rest of this pass under another topology.
 
@@ -376,7 +381,7 @@ def resume_point(saved: PassPoint, here: tuple, whole: bool) -> tuple[int, int, 
     """
     if saved.worker < 0:  # handed over by the loader: the rest of the epoch, from its start
         return saved.epoch, 0, saved.history
-    if (saved.worker, saved.num_workers, saved.rank, saved.world_size) == tuple(here):
+    if saved.topology == tuple(here):
         return saved.epoch, saved.position, saved.history
     if whole:
         return saved.epoch, 0, saved.handed_over()
