@@ -137,3 +137,26 @@ def test_devices_with_several_fields_across_files_align_on_time(tmp_path, expect
     batches = list(ds)
     np.testing.assert_array_equal(torch.cat([t for _, t in batches]).numpy(), times)
     np.testing.assert_array_equal(torch.cat([v for v, _ in batches]).numpy(), values)
+
+
+def test_no_epoch_reads_a_time_column_the_alignment_read(tmp_path, expected_aligned):
+    """The build reads each timeline's time column to align it: the timeline indexes come from
+    that read (Note: seeded indexes), saved for this process's readers and its workers'."""
+    import pickle
+
+    data = tmp_path / "data"
+    data.mkdir()
+    series = _two_tables(data, *CASES["interleaving"], split=True)
+    times, values = expected_aligned(series, "union", "ffill")
+    ds = TsFileIterableDataset(data, batch_size=50, align="union", fill="ffill",
+                               return_timestamps=True, dtype=torch.float64,
+                               index_cache=str(tmp_path / "index"))  # fmt: skip
+    assert len(list((tmp_path / "index").rglob("*.npy"))) == 3  # a1, a2 and b
+    for copy in (ds, pickle.loads(pickle.dumps(ds))):  # as a DataLoader worker gets it
+        seen = []
+        copy.reader.on_read = lambda what, seen=seen: seen.append(what) if what else None
+        batches = list(copy)
+        assert [w for w in seen if "rows [" in w]  # the values were read
+        assert not [w for w in seen if "timeline index" in w], seen
+        np.testing.assert_array_equal(torch.cat([t for _, t in batches]).numpy(), times)
+        np.testing.assert_array_equal(torch.cat([v for v, _ in batches]).numpy(), values)

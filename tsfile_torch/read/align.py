@@ -170,13 +170,8 @@ class Alignment:
                     )  # read_times seeded (and saved) this reader's indexes
                     timelines.append(_Timeline(positions, tuple(cols), times, merge))
                     continue
-                view = reader.view((k,))
-                times = np.concatenate(
-                    [
-                        reader.read(a, min(a + (1 << 20), view.num_rows), view=view)[1]
-                        for a in range(0, view.num_rows, 1 << 20)
-                    ]
-                )
+                # time columns only, no values; their indexes seeded (and saved) on the way
+                times = np.concatenate(list(read_times(reader, (k,))))
                 timelines.append(_Timeline(positions, tuple(cols), times))
         finally:
             reader.close()
